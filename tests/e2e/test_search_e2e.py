@@ -1,0 +1,195 @@
+"""End to end on the real vLLM CPU build: search, record, export, check, and serve the export.
+
+One 3-trial study is shared by the tests of this module (every boot costs about 40 s):
+trial 0 is enqueued with a KV-cache share too small for the max model length, so it must fail at
+boot as ``kv_insufficient`` and the study must go on; trial 1 is the engine's default config; trial
+2 is sampled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+import pytest
+
+from tests.e2e.conftest import ROOT, engine_processes, tuner
+from tuner.process import free_port
+from tuner.study import DIRECTIONS
+
+pytestmark = pytest.mark.engine
+STUDY = "e2e"
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('study') / 'e2e.db'}"
+
+
+@pytest.fixture(scope="module")
+def study(storage: str) -> optuna.Study:
+    pre = optuna.create_study(study_name=STUDY, storage=storage, directions=DIRECTIONS)
+    pre.enqueue_trial(
+        {
+            "engine": "vllm",
+            "vllm.chunk_size": 512,
+            "vllm.max_num_seqs": 4,
+            "vllm.memory_fraction": 0.1,
+            "vllm.num_speculative_tokens": 0,
+        }
+    )
+    done = tuner(
+        "search",
+        "--workload",
+        "rag",
+        "--study",
+        STUDY,
+        "--storage",
+        storage,
+        "--trials",
+        "3",
+        "--requests",
+        "8",
+        "--seed",
+        "1",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for phase in ("boot", "warmup", "drive", "score"):
+        assert f" {phase} " in done.stderr, f"no {phase} progress line"
+    return optuna.load_study(study_name=STUDY, storage=storage)
+
+
+def test_kv_too_small_is_recorded_infeasible_and_the_study_goes_on(study: optuna.Study) -> None:
+    trials = study.get_trials()
+    assert len(trials) == 3
+    failed = trials[0]
+    assert failed.state == optuna.trial.TrialState.COMPLETE
+    assert failed.user_attrs["failure"] == "kv_insufficient"
+    assert failed.user_attrs["constraint_violation"] > 0
+    assert "KV cache is needed" in failed.user_attrs["log_tail"]
+    assert failed.values == [math.inf, 0.0]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials[1:])
+
+
+def test_default_config_is_enqueued_and_measured(study: optuna.Study) -> None:
+    default = study.get_trials()[1]
+    assert default.user_attrs["config_kind"] == "engine_default"
+    assert default.params == {"engine": "vllm"}
+    assert not any(a.startswith("--max-num-batched-tokens") for a in default.user_attrs["argv"])
+
+
+def test_feasible_trials_carry_finite_metrics_and_attributes(study: optuna.Study) -> None:
+    feasible = [t for t in study.get_trials() if t.user_attrs.get("failure") is None]
+    assert feasible, "no trial served"
+    for t in feasible:
+        attrs = t.user_attrs
+        assert math.isfinite(attrs["ttft_p95_ms"]) and attrs["ttft_p95_ms"] > 0
+        assert attrs["output_throughput_tok_s"] > 0
+        assert t.values == [attrs["ttft_p95_ms"], attrs["output_throughput_tok_s"]]
+        assert attrs["engine"] == "vllm" and attrs["engine_version"] == "0.32.0"
+        assert attrs["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        assert attrs["metrics"]["n_errors"] == 0 and attrs["metrics"]["n_requests"] == 8
+        assert attrs["peak_memory_bytes"] > 50 * 2**20
+        assert attrs["served_by"]["owned_by"] == ["vllm"] and attrs["served_by"]["version"] == "0.32.0"
+        assert attrs["server"]["prefix_cache_hit_rate"] is not None
+        assert attrs["server"]["server_ttft_mean_ms"] > 0
+        assert "Starting vLLM" in attrs["log_tail"] or attrs["log_tail"]
+    assert study.user_attrs["workload"] == "rag" and len(study.user_attrs["workload_digest"]) == 64
+
+
+def test_trials_command_prints_the_table(study: optuna.Study, storage: str) -> None:
+    done = tuner("trials", "--study", STUDY, "--storage", storage)
+    assert done.returncode == 0, done.stderr
+    assert "kv_insufficient" in done.stdout and "engine defaults" in done.stdout
+    assert len(done.stdout.splitlines()) == 1 + 3 + 1
+
+
+def test_export_is_checked_by_vllm_and_serves(study: optuna.Study, storage: str, tmp_path: Path) -> None:
+    done = tuner("export", "--study", STUDY, "--storage", storage, "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    scripts = sorted(tmp_path.glob("*.sh"))
+    assert scripts and len(scripts) == len(list(tmp_path.glob("*.json")))
+    manifest = json.loads(scripts[0].with_suffix(".json").read_text())
+    assert manifest["parser_check"]["ok"] is True
+    for key in ("study", "trial", "metrics", "engine", "engine_version", "hardware", "model", "workload"):
+        assert manifest[key] is not None, key
+    checked = tuner("check", str(scripts[0]))
+    assert checked.returncode == 0, checked.stderr
+    assert "accepted by vllm 0.32.0" in checked.stdout
+    _serve_exported(scripts[0], tmp_path)
+
+
+def _serve_exported(script: Path, workdir: Path) -> None:
+    port = free_port()
+    with (workdir / "exported.log").open("wb") as log:
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            env={**os.environ, "PORT": str(port)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=workdir,
+        )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (workdir / "exported.log").read_text()[-2000:]
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        model = httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
+        reply = httpx.post(
+            base + "/v1/completions", timeout=60, json={"model": model, "prompt": "The tuner exports", "max_tokens": 8}
+        ).json()
+        assert reply["usage"]["completion_tokens"] == 8
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_ctrl_c_during_boot_stops_the_engine_and_marks_the_trial_failed(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'interrupt.db'}"
+    log = (tmp_path / "tuner.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(ROOT / ".venv" / "bin" / "tuner"),
+            "search",
+            "--workload",
+            "rag",
+            "--study",
+            "ctrlc",
+            "--storage",
+            storage,
+            "--trials",
+            "2",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    while not engine_processes() and time.monotonic() < deadline:
+        assert proc.poll() is None, (tmp_path / "tuner.log").read_text()
+        time.sleep(0.5)
+    assert engine_processes(), "the engine never started"
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert not engine_processes()
+    trials = optuna.load_study(study_name="ctrlc", storage=storage).get_trials()
+    assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL]
+    assert "interrupted" in (tmp_path / "tuner.log").read_text()

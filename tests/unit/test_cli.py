@@ -1,0 +1,158 @@
+"""The command line: every usage, config and storage error is exit 2 or 1 with exactly one line on stderr.
+
+None of these may boot an engine or even probe its environment: ``subprocess.Popen`` is replaced by a
+function that fails the test, and ``TUNER_ENGINES_DIR`` points at an empty folder.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from tuner.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run in an empty folder, with no engine environment, no storage override, no process launches."""
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TUNER_ENGINES_DIR", str(engines))
+    monkeypatch.delenv("TUNER_STORAGE", raising=False)
+
+    def no_process(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError(f"the CLI started a process: {args[:1]}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    # main() installs a SIGTERM handler; give the test process its own back afterwards
+    previous = signal.getsignal(signal.SIGTERM)
+    yield work
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {captured.err!r}"
+    assert lines[0].startswith("tuner: ")
+    assert captured.out == ""
+    return lines[0]
+
+
+def _nothing_written(work: Path) -> None:
+    assert list(work.iterdir()) == [], "a refused command must not write anything"
+
+
+def test_no_command(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
+    assert main([]) == 2
+    assert "command" in _one_line(capsys)
+    _nothing_written(_isolated)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--bogus"],
+        ["search", "--workload", "rag", "--bogus"],
+        ["trials", "--study", "s", "--frobnicate", "1"],
+    ],
+)
+def test_unknown_flag(capsys: pytest.CaptureFixture[str], _isolated: Path, argv: list[str]) -> None:
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert "--bogus" in line or "--frobnicate" in line or "required" in line
+    _nothing_written(_isolated)
+
+
+def test_unknown_flag_after_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "--workload", "rag", "--bogus"]) == 2
+    assert "--bogus" in _one_line(capsys)
+
+
+def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve"]) == 2
+    assert "serve" in _one_line(capsys)
+
+
+def test_search_without_workload(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
+    assert main(["search"]) == 2
+    assert "--workload" in _one_line(capsys)
+    _nothing_written(_isolated)
+
+
+@pytest.mark.parametrize("value", ["bad", "=/x", "vllm=", "vllm"])
+def test_bad_engine_env(capsys: pytest.CaptureFixture[str], _isolated: Path, value: str) -> None:
+    assert main(["search", "--workload", "rag", "--engine-env", value]) == 2
+    line = _one_line(capsys)
+    assert "--engine-env" in line and "ENGINE=PATH" in line
+    _nothing_written(_isolated)
+
+
+def test_missing_space_file(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
+    assert main(["search", "--workload", "rag", "--space", "missing.yaml"]) == 2
+    line = _one_line(capsys)
+    assert "missing.yaml" in line and "cannot read" in line
+    _nothing_written(_isolated)
+
+
+def test_invalid_space_file(capsys: pytest.CaptureFixture[str], _isolated: Path, tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("parameters:\n  chunk_size: {choices: [0]}\n")
+    assert main(["search", "--workload", "rag", "--space", str(space)]) == 2
+    assert "parameters.chunk_size" in _one_line(capsys)
+    _nothing_written(_isolated)
+
+
+@pytest.mark.parametrize("trials", ["0", "-3"])
+def test_search_with_no_trials(capsys: pytest.CaptureFixture[str], _isolated: Path, trials: str) -> None:
+    assert main(["search", "--workload", "rag", "--trials", trials]) == 2
+    assert "--trials" in _one_line(capsys)
+    _nothing_written(_isolated)
+
+
+def test_search_trials_not_a_number(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "--workload", "rag", "--trials", "many"]) == 2
+    assert "--trials" in _one_line(capsys)
+
+
+@pytest.mark.parametrize("flag", ["--requests", "--concurrency"])
+def test_search_with_zero_requests_or_concurrency(
+    capsys: pytest.CaptureFixture[str], _isolated: Path, flag: str
+) -> None:
+    assert main(["search", "--workload", "rag", flag, "0"]) == 2
+    assert flag in _one_line(capsys)
+    _nothing_written(_isolated)
+
+
+def test_search_without_engine_environment_fails_fast(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
+    """With an empty TUNER_ENGINES_DIR the engine probe fails before anything is launched or written."""
+    assert main(["search", "--workload", "rag"]) == 1
+    line = _one_line(capsys)
+    assert "vllm" in line and "--engine-env" in line
+    _nothing_written(_isolated)
+
+
+def test_trials_of_a_missing_study(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/x.db"
+    assert main(["trials", "--study", "nope", "--storage", storage]) == 1
+    line = _one_line(capsys)
+    assert "nope" in line
+
+
+def test_trials_with_a_broken_storage_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trials", "--study", "nope", "--storage", "nosuchdb://x/y"]) == 1
+    _one_line(capsys)
+
+
+def test_check_of_a_missing_file(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
+    assert main(["check", "missing.sh"]) == 2
+    assert "missing.sh" in _one_line(capsys)
+    _nothing_written(_isolated)

@@ -1,0 +1,302 @@
+"""Launch files: render_sh / read_sh round trips, shell safety checked by running bash, trial selection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.engines.base import Config, Device, ModelSpec
+from tuner.engines.vllm import VllmAdapter
+from tuner.errors import ExportError
+from tuner.export import engine_args, manifest, read_sh, render_sh, safe_stem, select_trials
+from tuner.study import DIRECTIONS, bind_study_attrs, record
+from tuner.trial import TrialResult
+
+BASH = shutil.which("bash")
+needs_bash = pytest.mark.skipif(BASH is None, reason="bash is not installed")
+
+DEVICE = Device("cuda", "NVIDIA H200", 150_754_820_096)
+PYTHON = "/envs/vllm/bin/python"
+INJECTION = '/models/x"; touch pwned; "y'
+SPEC_PARAMS = {
+    "chunk_size": 1024,
+    "max_num_seqs": 8,
+    "memory_fraction": 0.85,
+    "num_speculative_tokens": 3,
+    "draft_model": "draft-2l",
+}
+
+
+def _study(model_path: str) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="export-test", directions=DIRECTIONS)
+    bind_study_attrs(
+        study,
+        {
+            "workload": "rag",
+            "workload_digest": "d" * 64,
+            "model": model_path,
+            "drafts": {},
+            "hardware": {"kind": DEVICE.kind, "name": DEVICE.name, "memory_bytes": DEVICE.memory_bytes},
+            "engines": {"vllm": {"distribution": "vllm", "version": "0.32.0"}},
+        },
+    )
+    return study
+
+
+def _add_trial(
+    study: optuna.Study,
+    model: ModelSpec,
+    params: dict[str, Any],
+    *,
+    python: str = PYTHON,
+    failure: str | None = None,
+    error_rate: float = 0.0,
+) -> optuna.trial.FrozenTrial:
+    trial = study.ask()
+    config = Config(engine="vllm", params=params)
+    launch = VllmAdapter().launch(config, model, DEVICE, 43210, python, "0.32.0")
+    metrics = {"ttft_p95_ms": 120.0, "output_throughput_tok_s": 75.0, "error_rate": error_rate}
+    result = TrialResult(config=config, launch=launch, engine_version="0.32.0", failure=failure, metrics=metrics)
+    study.tell(trial, list(record(trial, result)))
+    return study.get_trials(deepcopy=False)[trial.number]
+
+
+def _manifest_for(model_path: str, params: dict[str, Any], python: str = PYTHON) -> dict[str, Any]:
+    model = ModelSpec(path=model_path, drafts={"draft-2l": model_path + "/../draft two"}, max_model_len=2048)
+    study = _study(model_path)
+    ft = _add_trial(study, model, params, python=python)
+    return manifest(study, ft)
+
+
+def _fake_python(folder: Path) -> Path:
+    """An executable that writes its arguments as JSON to $ARGV_OUT, standing in for the engine's python."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "python"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        "with open(os.environ['ARGV_OUT'], 'w') as fh:\n"
+        "    json.dump(sys.argv[1:], fh)\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _run_script(
+    tmp_path: Path, text: str, *, engine_python: Path | None, extra_env: dict[str, str] | None = None
+) -> list[str]:
+    """Run the launch file with bash in ``tmp_path``; return the argv the (fake) python received."""
+    assert BASH is not None
+    script = tmp_path / "launch.sh"
+    script.write_text(text)
+    out = tmp_path / "argv.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("ENGINE_PYTHON", "HOST", "PORT")}
+    env["ARGV_OUT"] = str(out)
+    if engine_python is not None:
+        env["ENGINE_PYTHON"] = str(engine_python)
+    env.update(extra_env or {})
+    done = subprocess.run([BASH, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    received = json.loads(out.read_text())
+    assert isinstance(received, list)
+    return [str(a) for a in received]
+
+
+# --- round trips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model_path",
+    ["/models/target", '/models/my model\'s "v2"', INJECTION, "/models/$HOME `id` $(id) \\ *", "/models/tab\there"],
+)
+def test_render_read_round_trip(model_path: str) -> None:
+    m = _manifest_for(model_path, SPEC_PARAMS)
+    assert "--model" in m["argv"] and m["argv"][m["argv"].index("--model") + 1] == model_path
+    module, args = read_sh(render_sh(m))
+    assert module == m["module"] == VllmAdapter.module
+    assert args == m["argv"]
+
+
+def test_manifest_argv_has_no_address_but_keeps_the_rest() -> None:
+    m = _manifest_for("/models/target", SPEC_PARAMS)
+    assert "--host" not in m["argv"] and "--port" not in m["argv"]
+    assert m["python"] == PYTHON
+    assert m["argv"][m["argv"].index("--max-num-batched-tokens") + 1] == "1024"
+
+
+def test_speculative_config_stays_one_argument() -> None:
+    m = _manifest_for("/models/target dir", SPEC_PARAMS)
+    _, args = read_sh(render_sh(m))
+    value = args[args.index("--speculative-config") + 1]
+    assert json.loads(value) == {
+        "model": "/models/target dir/../draft two",
+        "num_speculative_tokens": 3,
+        "method": "draft_model",
+    }
+
+
+def test_read_sh_refuses_a_file_without_exec() -> None:
+    with pytest.raises(ExportError):
+        read_sh("#!/usr/bin/env bash\necho hello\n")
+
+
+# --- running the launch file ---------------------------------------------------------------------
+
+
+@needs_bash
+@pytest.mark.parametrize("model_path", [INJECTION, "/models/a b'c\"d", "/models/$(touch pwned)`touch pwned`"])
+def test_launch_file_is_valid_bash_and_runs_the_manifest_argv(tmp_path: Path, model_path: str) -> None:
+    m = _manifest_for(model_path, SPEC_PARAMS)
+    text = render_sh(m)
+    assert BASH is not None
+    exec_statement = text[text.index('exec "$ENGINE_PYTHON"') :]
+    assert exec_statement.count("\nexec ") == 0, "one exec statement, at the end"
+    for source in (text, exec_statement):
+        syntax = subprocess.run([BASH, "-n"], input=source, capture_output=True, text=True, timeout=30)
+        assert syntax.returncode == 0, syntax.stderr
+
+    received = _run_script(tmp_path, text, engine_python=_fake_python(tmp_path / "bin"))
+    assert received == ["-m", m["module"], *m["argv"], "--host", "127.0.0.1", "--port", "8000"]
+    assert received[received.index("--model") + 1] == model_path
+    assert json.loads(received[received.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
+    assert not (tmp_path / "pwned").exists()
+
+
+@needs_bash
+def test_launch_file_host_and_port_overrides(tmp_path: Path) -> None:
+    m = _manifest_for("/models/target", {"max_num_seqs": 2})
+    received = _run_script(
+        tmp_path,
+        render_sh(m),
+        engine_python=_fake_python(tmp_path / "bin"),
+        extra_env={"HOST": "0.0.0.0", "PORT": "9123"},
+    )
+    assert received[-4:] == ["--host", "0.0.0.0", "--port", "9123"]
+    assert received.count("--port") == 1 and received.count("--host") == 1
+
+
+@needs_bash
+def test_default_interpreter_path_with_shell_characters(tmp_path: Path) -> None:
+    """Without ENGINE_PYTHON the recorded interpreter runs, even when its path holds quotes and $()."""
+    python = _fake_python(tmp_path / "venv }$(touch pwned) 'q'\" x" / "bin")
+    m = _manifest_for(INJECTION, SPEC_PARAMS, python=str(python))
+    assert m["python"] == str(python)
+    received = _run_script(tmp_path, render_sh(m), engine_python=None)
+    assert received == ["-m", m["module"], *m["argv"], "--host", "127.0.0.1", "--port", "8000"]
+    assert not (tmp_path / "pwned").exists()
+
+
+@needs_bash
+def test_newline_in_model_path_cannot_run_a_command(tmp_path: Path) -> None:
+    model_path = "/models/x\ntouch pwned\n"
+    m = _manifest_for(model_path, {"max_num_seqs": 2})
+    received = _run_script(tmp_path, render_sh(m), engine_python=_fake_python(tmp_path / "bin"))
+    assert not (tmp_path / "pwned").exists()
+    assert received[received.index("--model") + 1] == model_path
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def test_engine_args_drops_host_and_port() -> None:
+    argv = [
+        PYTHON,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/m",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--max-num-seqs",
+        "4",
+        "--enforce-eager",
+    ]
+    module, args = engine_args(argv)
+    assert module == "vllm.entrypoints.openai.api_server"
+    assert args == ["--model", "/m", "--max-num-seqs", "4", "--enforce-eager"]
+
+
+def test_engine_args_on_a_real_launch() -> None:
+    spec = VllmAdapter().launch(Config("vllm", {"max_num_seqs": 4}), ModelSpec("/m"), DEVICE, 43210, PYTHON, "0.32.0")
+    module, args = engine_args(list(spec.argv))
+    assert module == VllmAdapter.module
+    assert "--host" not in args and "--port" not in args
+    assert "127.0.0.1" not in args and "43210" not in args
+    assert args == [a for a in spec.argv[3:] if a not in ("--host", "127.0.0.1", "--port", "43210")]
+
+
+@pytest.mark.parametrize("argv", [[PYTHON], [PYTHON, "serve", "/m"], [PYTHON, "-c", "print()"]])
+def test_engine_args_refuses_other_commands(argv: list[str]) -> None:
+    with pytest.raises(ExportError):
+        engine_args(argv)
+
+
+@pytest.mark.parametrize("name", ["../../etc", "..", "/etc/passwd", "a/../../b", ".hidden", "..\\..\\x", "rag-vllm"])
+def test_safe_stem_stays_in_the_folder(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "out"
+    stem = safe_stem(name, 7)
+    assert "/" not in stem and "\\" not in stem
+    assert not stem.startswith(".")
+    assert stem.endswith("-trial7")
+    for suffix in (".sh", ".json"):
+        assert (out / f"{stem}{suffix}").resolve().parent == out.resolve()
+
+
+def test_safe_stem_keeps_plain_names() -> None:
+    assert safe_stem("rag-vllm_v1.2", 3) == "rag-vllm_v1.2-trial3"
+
+
+# --- selecting trials ----------------------------------------------------------------------------
+
+
+def test_select_trials_refuses_a_failed_trial_and_names_its_failure() -> None:
+    study = _study("/models/target")
+    model = ModelSpec("/models/target")
+    ok = _add_trial(study, model, {"max_num_seqs": 4})
+    bad = _add_trial(study, model, {"max_num_seqs": 8}, failure="oom_boot")
+    with pytest.raises(ExportError) as info:
+        select_trials(study, [bad.number])
+    assert "oom_boot" in str(info.value)
+    assert str(bad.number) in str(info.value)
+    assert [t.number for t in select_trials(study, [ok.number])] == [ok.number]
+
+
+def test_select_trials_refuses_a_trial_over_the_error_budget() -> None:
+    study = _study("/models/target")
+    bad = _add_trial(study, ModelSpec("/models/target"), {"max_num_seqs": 8}, error_rate=0.05)
+    with pytest.raises(ExportError, match="infeasible"):
+        select_trials(study, [bad.number])
+
+
+def test_select_trials_unknown_number() -> None:
+    study = _study("/models/target")
+    _add_trial(study, ModelSpec("/models/target"), {})
+    with pytest.raises(ExportError, match="no trial 5"):
+        select_trials(study, [5])
+
+
+def test_select_trials_default_is_the_feasible_front() -> None:
+    study = _study("/models/target")
+    model = ModelSpec("/models/target")
+    ok = _add_trial(study, model, {"max_num_seqs": 4})
+    _add_trial(study, model, {"max_num_seqs": 8}, failure="oom_load")
+    assert [t.number for t in select_trials(study, None)] == [ok.number]
+
+
+def test_select_trials_with_nothing_feasible() -> None:
+    study = _study("/models/target")
+    _add_trial(study, ModelSpec("/models/target"), {}, failure="boot_timeout")
+    with pytest.raises(ExportError, match="no feasible trial"):
+        select_trials(study, None)

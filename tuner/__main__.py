@@ -1,0 +1,5 @@
+import sys
+
+from tuner.cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""The command line: parse, validate, call one function per command.
+
+A ``TunerError`` becomes one line on stderr and its exit code (2 for usage and config errors, 1 for
+runtime failures); ``--debug`` shows the traceback instead. SIGTERM is handled like Ctrl-C: the
+running engine is stopped, the running trial is marked failed, and the study stays usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+from tuner.errors import ConfigError, TunerError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def _engine_envs(values: list[str]) -> dict[str, str]:
+    envs = {}
+    for value in values:
+        engine, sep, path = value.partition("=")
+        if not sep or not engine or not path:
+            raise ConfigError(f"--engine-env {value!r}: expected ENGINE=PATH")
+        envs[engine] = path
+    return envs
+
+
+def _engine_list(value: str) -> list[str]:
+    engines = [e.strip() for e in value.split(",") if e.strip()]
+    if not engines:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of engines")
+    return engines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tuner", description="Auto-tune LLM serving settings on real engines.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("search", help="run (or resume) a tuning study")
+    s.add_argument("--workload", required=True)
+    s.add_argument("--space", type=Path)
+    s.add_argument("--study")
+    s.add_argument("--storage", help="Optuna storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)")
+    s.add_argument("--trials", type=int, default=None, help="trials to run now, the default trial included")
+    s.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    s.add_argument("--model")
+    s.add_argument("--draft-model", action="append", default=[], dest="drafts")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--requests", type=int, default=16, help="measured requests per trial")
+    s.add_argument("--concurrency", type=int)
+    s.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    s.add_argument("--engines", type=_engine_list, help="comma-separated engines (default: the space's)")
+
+    p = sub.add_parser("plan", help="print the commands N sampled trials would start; boots nothing")
+    p.add_argument("--workload", required=True)
+    p.add_argument("--space", type=Path)
+    p.add_argument("--engines", type=_engine_list)
+    p.add_argument("--n", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model")
+    p.add_argument("--draft-model", action="append", default=[], dest="drafts")
+    p.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+
+    t = sub.add_parser("trials", help="print the trials of a study")
+    t.add_argument("--study", required=True)
+    t.add_argument("--storage")
+
+    e = sub.add_parser("export", help="write launch files for the best (or given) trials")
+    e.add_argument("--study", required=True)
+    e.add_argument("--storage")
+    e.add_argument("--trial", type=int, action="append", dest="trials")
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--engine-env", help="check with this engine environment instead of the trial's")
+
+    c = sub.add_parser("check", help="validate an exported launch file with the engine's own parser")
+    c.add_argument("file", type=Path)
+    c.add_argument("--engine-env")
+    return parser
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args_list
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        args = build_parser().parse_args(args_list)
+        from tuner.commands import run_command
+
+        return run_command(args)
+    except TunerError as exc:
+        if debug:
+            raise
+        print(f"tuner: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(
+            "tuner: interrupted; the running trial was marked failed, rerun the command to resume",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""Engine adapters by name. Each module holds one adapter behind ``EngineAdapter``."""
+
+from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
+from tuner.engines.sglang import SglangAdapter
+from tuner.engines.vllm import VllmAdapter
+
+ADAPTERS: dict[str, type[EngineAdapter]] = {"vllm": VllmAdapter, "sglang": SglangAdapter}
+
+__all__ = ["ADAPTERS", "Config", "Device", "EngineAdapter", "LaunchSpec", "ModelSpec", "SglangAdapter", "VllmAdapter"]

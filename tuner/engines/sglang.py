@@ -1,0 +1,97 @@
+"""SGLang adapter: ``sglang.launch_server`` argv and ``sglang:*`` metrics. Needs an NVIDIA GPU.
+
+Parameter → flag mapping:
+
+* ``chunk_size`` → ``--chunked-prefill-size N``
+* ``memory_fraction`` → ``--mem-fraction-static F``
+* ``max_num_seqs`` → ``--max-running-requests N``
+* ``num_speculative_tokens`` K > 0 with a draft model → ``--speculative-algorithm STANDALONE
+  --speculative-draft-model-path PATH --speculative-num-steps K --speculative-eagle-topk 1
+  --speculative-num-draft-tokens K+1``. K is the number of draft steps, as in vLLM; with top-k 1
+  the draft tree is a chain, so it verifies K+1 tokens (SGLang's own rule for topk 1). The
+  algorithm is always given: a draft path without it starts with speculation silently off.
+* draft ``ngram`` → ``--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1
+  --speculative-num-draft-tokens K``: n-gram lookup in the prompt, no draft model. Breadth 1 makes
+  the proposal a chain of K tokens, as vLLM's ``ngram`` with K speculative tokens (left at its
+  default of 10, SGLang would overwrite top-k and derive steps = draft tokens // 10).
+
+``--enable-metrics`` is always on (``/metrics`` exists only then). Readiness is
+``/health_generate``, which answers 200 only once a generation ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
+from tuner.metrics import histogram_mean_delta, metric_total
+
+
+class SglangAdapter(EngineAdapter):
+    name = "sglang"
+    distributions = ("sglang",)
+    module = "sglang.launch_server"
+    supported_versions = ("0.5.17", "0.5.23")
+    health_path = "/health_generate"
+    ttft_histogram = "sglang:time_to_first_token_seconds"
+    needs_gpu = True
+
+    def launch(
+        self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str
+    ) -> LaunchSpec:
+        self.check_version(version)
+        argv = [python, "-m", self.module, "--model-path", model.path, "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--context-length", str(model.max_model_len), "--enable-metrics"]
+        if model.load_format:
+            argv += ["--load-format", model.load_format]
+        argv += self._tuned_flags(config.params, model)
+        return LaunchSpec(self.name, tuple(argv), {}, port, self.health_path, model.path)
+
+    def _tuned_flags(self, params: Mapping[str, Any], model: ModelSpec) -> list[str]:
+        flags: list[str] = []
+        if "chunk_size" in params:
+            flags += ["--chunked-prefill-size", str(params["chunk_size"])]
+        if "memory_fraction" in params:
+            flags += ["--mem-fraction-static", f"{float(params['memory_fraction']):g}"]
+        if "max_num_seqs" in params:
+            flags += ["--max-running-requests", str(params["max_num_seqs"])]
+        k = int(params.get("num_speculative_tokens", 0))
+        if k > 0:
+            flags += self._spec_flags(k, str(params.get("draft_model", "")), model)
+        return flags
+
+    @staticmethod
+    def _spec_flags(k: int, draft: str, model: ModelSpec) -> list[str]:
+        if draft == "ngram":
+            # Breadth 1 makes the n-gram proposal a chain: SGLang then sets steps = draft tokens = K.
+            return [
+                "--speculative-algorithm", "NGRAM",
+                "--speculative-ngram-max-bfs-breadth", "1",
+                "--speculative-num-draft-tokens", str(k),
+            ]  # fmt: skip
+        return [
+            "--speculative-algorithm", "STANDALONE",
+            "--speculative-draft-model-path", model.drafts.get(draft, draft),
+            "--speculative-num-steps", str(k),
+            "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(k + 1),
+        ]  # fmt: skip
+
+    def server_stats(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
+        def gauge(name: str) -> float | None:
+            # SGLang reports acceptance and cache hits as gauges: the value at the end of the run.
+            return metric_total(after, name) if any(k.split("{")[0] == name for k in after) else None
+
+        ttft_mean = histogram_mean_delta(before, after, self.ttft_histogram)
+        return {
+            "spec_acceptance_rate": gauge("sglang:spec_accept_rate"),
+            "spec_mean_accept_len": gauge("sglang:spec_accept_length"),
+            "preemptions": metric_total(after, "sglang:num_retracted_requests_total")
+            - metric_total(before, "sglang:num_retracted_requests_total"),
+            "prefix_cache_hit_rate": gauge("sglang:cache_hit_rate"),
+            "server_ttft_mean_ms": None if ttft_mean is None else ttft_mean * 1000.0,
+        }
+
+    def default_params(self, device: Device) -> dict[str, Any]:
+        return {}  # SGLang derives chunk size and memory fraction from the GPU itself

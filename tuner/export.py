@@ -1,0 +1,165 @@
+"""Launch files: a ``*.sh`` that starts the exact server command, and a ``*.json`` manifest.
+
+Every value is quoted with ``shlex.quote``, so a model path with spaces or quotes, or the JSON of
+``--speculative-config``, stays one argument. The interpreter, host and port can be overridden
+with ``ENGINE_PYTHON``, ``HOST`` and ``PORT``. Before anything is written, every argv is checked by
+the engine's own parser (``tuner.check``); a rejected one fails the export and writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner import __version__
+from tuner.errors import ExportError
+from tuner.naming import safe_name
+from tuner.study import constraint_violation, feasible_pareto
+
+ADDRESS_FLAGS = ("--host", "--port")
+
+
+def engine_args(argv: list[str]) -> tuple[str, list[str]]:
+    """Split ``python -m MODULE args...`` into MODULE and the args without host and port."""
+    if len(argv) < 3 or argv[1] != "-m":
+        raise ExportError(f"not an engine command: {argv[:3]}")
+    args, rest = [], iter(argv[3:])
+    for arg in rest:
+        if arg in ADDRESS_FLAGS:
+            next(rest, None)
+        else:
+            args.append(arg)
+    return argv[2], args
+
+
+def select_trials(study: optuna.Study, numbers: list[int] | None) -> list[optuna.trial.FrozenTrial]:
+    if not numbers:
+        front = feasible_pareto(study)
+        if not front:
+            raise ExportError(f"study {study.study_name!r} has no feasible trial to export")
+        return front
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    chosen = []
+    for n in numbers:
+        t = trials.get(n)
+        if t is None:
+            raise ExportError(f"study {study.study_name!r} has no trial {n}")
+        if t.state != optuna.trial.TrialState.COMPLETE or constraint_violation(t)[0] > 0:
+            metrics = t.user_attrs.get("metrics") or {}
+            why = t.user_attrs.get("failure") or (
+                f"error rate {metrics['error_rate']:.3f}" if "error_rate" in metrics else t.state.name
+            )
+            raise ExportError(f"trial {n} is infeasible ({why}): not exported")
+        chosen.append(t)
+    return chosen
+
+
+def manifest(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    attrs, sattrs = trial.user_attrs, study.user_attrs
+    module, args = engine_args(list(attrs["argv"]))
+    engine = attrs["engine"]
+    return {
+        "tuner_version": __version__,
+        "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "study": study.study_name,
+        "trial": trial.number,
+        "config_kind": attrs.get("config_kind"),
+        "engine": engine,
+        "engine_version": attrs.get("engine_version"),
+        "distribution": sattrs.get("engines", {}).get(engine, {}).get("distribution"),
+        "hardware": sattrs.get("hardware"),
+        "model": sattrs.get("model"),
+        "workload": sattrs.get("workload"),
+        "workload_digest": sattrs.get("workload_digest"),
+        "params": trial.params,
+        "objectives": {
+            "ttft_p95_ms": attrs.get("ttft_p95_ms"),
+            "output_throughput_tok_s": attrs.get("output_throughput_tok_s"),
+        },
+        "metrics": attrs.get("metrics"),
+        "server": attrs.get("server"),
+        "module": module,
+        "python": attrs["argv"][0],
+        "argv": args,
+    }
+
+
+def _oneline(value: object) -> str:
+    """A value fit for a ``#`` comment: a newline there would end the comment and run the rest."""
+    return " ".join(str(value).split())
+
+
+def render_sh(m: dict[str, Any]) -> str:
+    m = {k: v if k in ("argv", "objectives", "hardware", "python", "module") else _oneline(v) for k, v in m.items()}
+    objectives = "  ".join(f"{k}={v:.1f}" for k, v in m["objectives"].items() if isinstance(v, int | float))
+    header = [
+        "#!/usr/bin/env bash",
+        f"# Launch file exported by tuner {m['tuner_version']} at {m['exported_at']}",
+        f"# study: {m['study']}  trial: {m['trial']} ({m['config_kind']})",
+        f"# engine: {m['engine']} {m['engine_version']} ({m['distribution']})",
+        f"# hardware: {_oneline(m['hardware']['name'])}",
+        f"# model: {m['model']}",
+        f"# workload: {m['workload']}  digest: {m['workload_digest']}",
+        f"# measured: {objectives}",
+        "# Override the interpreter with ENGINE_PYTHON, the address with HOST and PORT.",
+        "set -euo pipefail",
+        f"ENGINE_PYTHON=${{ENGINE_PYTHON:-{shlex.quote(m['python'])}}}",
+        "HOST=${HOST:-127.0.0.1}",
+        "PORT=${PORT:-8000}",
+    ]
+    lines = [f'exec "$ENGINE_PYTHON" -m {shlex.quote(m["module"])}']
+    lines += [f"  {shlex.quote(a)}" for a in m["argv"]]
+    lines.append('  --host "$HOST" --port "$PORT"')
+    return "\n".join(header) + "\n" + " \\\n".join(lines) + "\n"
+
+
+def read_sh(text: str) -> tuple[str, list[str]]:
+    """The module and engine args of an exported ``*.sh`` (the inverse of ``render_sh``)."""
+    joined = re.sub(r"\\\n", " ", text)
+    line = next((ln for ln in joined.splitlines() if ln.startswith("exec ")), None)
+    if line is None:
+        raise ExportError("no 'exec' line: not a launch file written by tuner export")
+    words = shlex.split(line)
+    if len(words) < 4 or words[2] != "-m":
+        raise ExportError("the exec line does not start an engine module")
+    _, args = engine_args(words[1:])
+    return words[3], args
+
+
+def safe_stem(study: str, number: int) -> str:
+    """A file name that cannot leave the output folder, whatever the study is called."""
+    return safe_name(study) + f"-trial{number}"
+
+
+def export_study(
+    study: optuna.Study, numbers: list[int] | None, out_dir: Path, env_override: str | None = None
+) -> list[Path]:
+    """Check every selected trial's argv with its engine's parser, then write ``.sh`` and ``.json``."""
+    from tuner.check import check_argvs
+    from tuner.engines import ADAPTERS
+    from tuner.engines.env import probe
+
+    manifests = [manifest(study, t) for t in select_trials(study, numbers)]
+    for engine in sorted({m["engine"] for m in manifests}):
+        mine = [m for m in manifests if m["engine"] == engine]
+        env = probe(ADAPTERS[engine](), Path(env_override or mine[0]["python"]))
+        for m, verdict in zip(mine, check_argvs(env, [m["argv"] for m in mine]), strict=True):
+            if not verdict["ok"]:
+                raise ExportError(f"trial {m['trial']}: {engine} {env.version} rejects the command: {verdict['error']}")
+            m["parser_check"] = {"engine_version": env.version, **verdict}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for m in manifests:
+        stem = safe_stem(m["study"], m["trial"])
+        sh, js = out_dir / f"{stem}.sh", out_dir / f"{stem}.json"
+        sh.write_text(render_sh(m))
+        sh.chmod(0o755)
+        js.write_text(json.dumps(m, indent=2) + "\n")
+        written += [sh, js]
+    return written

@@ -1,0 +1,121 @@
+"""Trial metrics from driver records, and samples from a server's Prometheus ``/metrics`` page.
+
+Definitions follow vLLM's ``benchmark_serving`` so numbers compare with published ones:
+
+- TTFT: first streamed chunk carrying text minus send time.
+- E2E latency: last byte minus send time.
+- TPOT, per request: ``(e2e - ttft) / (output_tokens - 1)``, only for requests with >= 2 output
+  tokens; percentiles are taken over requests.
+- ITL: gaps between consecutive text chunks, pooled over all requests. A chunk that carried ``n``
+  tokens contributes ``n`` gaps of ``gap / n``, so servers that batch tokens per chunk are not
+  rewarded with fewer, longer gaps.
+- Output throughput: output tokens of successful requests / (end - start of the whole run);
+  request throughput likewise counts successful requests.
+
+Latency percentiles use numpy's linear interpolation over successful requests only; a failed
+request counts in ``error_rate``. With no success, latency keys are NaN and throughputs 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tuner.driver import DriveResult, RequestRecord
+
+
+def summarize(result: DriveResult) -> dict[str, float]:
+    """The trial's summary metrics (see the module docstring for definitions); all values float."""
+    records = result.records
+    ok = [r for r in records if r.error is None and r.done_s is not None]
+    n_errors = len(records) - len(ok)
+    duration_s = result.ended_s - result.started_s
+    output_total = sum(r.output_tokens for r in ok)
+    summary = {
+        "n_requests": float(len(records)),
+        "n_errors": float(n_errors),
+        "error_rate": n_errors / len(records) if records else 0.0,
+        "duration_s": duration_s,
+        "output_tokens_total": float(output_total),
+        "prompt_tokens_total": float(sum(r.prompt_tokens for r in ok)),
+        "output_throughput_tok_s": output_total / duration_s if ok and duration_s > 0 else 0.0,
+        "request_throughput_req_s": len(ok) / duration_s if ok and duration_s > 0 else 0.0,
+    }
+    ttft_ms = [(r.first_token_s - r.sent_s) * 1e3 for r in ok if r.first_token_s is not None]
+    e2e_ms = [(r.done_s - r.sent_s) * 1e3 for r in ok if r.done_s is not None]
+    summary.update(_percentiles("ttft", ttft_ms, (50, 90, 95, 99)))
+    summary["ttft_mean_ms"] = float(np.mean(ttft_ms)) if ttft_ms else math.nan
+    summary.update(_percentiles("tpot", [t for r in ok if (t := _tpot_ms(r)) is not None], (50, 95)))
+    summary.update(_percentiles("itl", [gap for r in ok for gap in _itl_ms(r)], (50, 95)))
+    summary.update(_percentiles("e2e", e2e_ms, (50, 95)))
+    return summary
+
+
+def _percentiles(prefix: str, values_ms: Sequence[float], qs: Sequence[int]) -> dict[str, float]:
+    if not values_ms:
+        return {f"{prefix}_p{q}_ms": math.nan for q in qs}
+    points = np.percentile(np.asarray(values_ms, dtype=float), qs)
+    return {f"{prefix}_p{q}_ms": float(v) for q, v in zip(qs, points, strict=True)}
+
+
+def _tpot_ms(record: RequestRecord) -> float | None:
+    if record.output_tokens < 2 or record.first_token_s is None or record.done_s is None:
+        return None
+    return (record.done_s - record.first_token_s) * 1e3 / (record.output_tokens - 1)
+
+
+def _itl_ms(record: RequestRecord) -> list[float]:
+    times, tokens = record.token_times_s, record.chunk_tokens
+    gaps: list[float] = []
+    for i in range(1, len(times)):
+        n = max(tokens[i], 1) if i < len(tokens) else 1
+        gaps.extend([(times[i] - times[i - 1]) * 1e3 / n] * n)
+    return gaps
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``{"name{labels}" or "name": value}``; bad lines are skipped."""
+    samples: dict[str, float] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "{" in line:  # label values may hold spaces, so split after the closing brace
+            close = line.rfind("}")
+            key, rest = line[: close + 1], line[close + 1 :]
+            if close < line.index("{"):
+                continue
+        else:
+            key, _, rest = line.partition(" ")
+        fields = rest.split()
+        if not key or key.startswith("{") or not fields:
+            continue
+        try:
+            samples[key] = float(fields[0])  # a trailing timestamp, if any, is ignored
+        except ValueError:
+            continue
+    return samples
+
+
+def metric_total(samples: Mapping[str, float], name: str) -> float:
+    """Sum of every sample of metric ``name`` across all its label sets."""
+    return sum(value for key, value in samples.items() if key.partition("{")[0] == name)
+
+
+def metric_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """``after - before`` for each key of ``after``; a key new in ``after`` counts from 0."""
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
+
+
+def histogram_mean_delta(before: Mapping[str, float], after: Mapping[str, float], base: str) -> float | None:
+    """Mean of the observations a histogram gained between two scrapes, or None if it gained none.
+
+    ``base`` is the histogram's name, e.g. ``vllm:time_to_first_token_seconds``; its ``_sum`` and
+    ``_count`` series are summed across labels before the division.
+    """
+    count_delta = metric_total(after, f"{base}_count") - metric_total(before, f"{base}_count")
+    if count_delta <= 0:  # nothing observed, or the server restarted and its counters reset
+        return None
+    return (metric_total(after, f"{base}_sum") - metric_total(before, f"{base}_sum")) / count_delta

@@ -1,0 +1,107 @@
+"""Generate the embedded default models: a small Llama target and two drafts that share its tokenizer.
+
+Run by the tuner with the *engine environment's* Python (it needs torch, transformers and tokenizers,
+which the tuner itself never imports):
+
+    python make_models.py CORPUS OUT_DIR
+
+Writes OUT_DIR/target, OUT_DIR/draft-2l and OUT_DIR/draft-1l, then OUT_DIR/DONE. Deterministic for
+a given corpus: the weights come from a fixed torch seed.
+
+Why the drafts agree with the target: random weights give a draft near-zero acceptance. So the
+target is built as "draft layers + extra layers whose residual contribution is scaled down": the
+target's first two layers are ordinary, its later layers have their output projections scaled by
+``EXTRA_LAYER_SCALE``. ``draft-2l`` is exactly those first two layers with the same embeddings, norm
+and head, so it predicts the target's greedy token most of the time; ``draft-1l`` keeps only the first
+layer and so agrees less often. Which draft pays off is then a real, measurable question.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+VOCAB_SIZE = 8192
+TARGET_LAYERS = 4
+EXTRA_LAYER_SCALE = 0.02
+SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_attention_heads=4,  # head_dim 64: the CPU attention kernels reject 16
+    num_key_value_heads=4,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    initializer_range=0.05,
+)
+SPECIAL = ["<unk>", "<s>", "</s>"]
+
+
+def train_tokenizer(corpus: Path) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train([str(corpus)], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def llama_config(layers: int, vocab: int, tok: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab,
+        num_hidden_layers=layers,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **SHAPE,
+    )
+
+
+def build_target(cfg: LlamaConfig) -> LlamaForCausalLM:
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers[2:]:
+            layer.self_attn.o_proj.weight.mul_(EXTRA_LAYER_SCALE)
+            layer.mlp.down_proj.weight.mul_(EXTRA_LAYER_SCALE)
+    return model
+
+
+def build_draft(target: LlamaForCausalLM, layers: int, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    draft = LlamaForCausalLM(llama_config(layers, target.config.vocab_size, tok))
+    state = {
+        k: v
+        for k, v in target.state_dict().items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
+    }
+    draft.load_state_dict(state)
+    return draft
+
+
+def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, out: Path) -> None:
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def main(corpus: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(corpus)
+    target = build_target(llama_config(TARGET_LAYERS, len(tok), tok))
+    drafts = {"draft-2l": build_draft(target, 2, tok), "draft-1l": build_draft(target, 1, tok)}
+    save(target, tok, out / "target")
+    for name, draft in drafts.items():
+        save(draft, tok, out / name)
+    info = {"target_layers": TARGET_LAYERS, "extra_layer_scale": EXTRA_LAYER_SCALE, **SHAPE}
+    (out / "DONE").write_text(json.dumps(info, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -1,0 +1,158 @@
+"""Search spaces: YAML validated by pydantic (unknown keys rejected), sampled into a ``Config``.
+
+Each engine has its own sub-space: an engine's parameters are named ``<engine>.<param>`` in the
+study, so Optuna never treats one engine's parameter as another's. A parameter left out of the
+YAML is not tuned, and the engine's default applies. See ``search_spaces/default.yaml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tuner.engines.base import Config
+from tuner.errors import ConfigError
+
+DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
+KNOWN_ENGINES = ("vllm", "sglang")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Choices(_Strict):
+    # Strict types: YAML's `true` must not slip in as the integer 1.
+    choices: list[StrictInt | StrictFloat | StrictStr] = Field(min_length=1)
+
+
+class IntRange(_Strict):
+    low: int = Field(ge=0)
+    high: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        return self
+
+
+class FractionRange(_Strict):
+    low: float = Field(gt=0.0, le=1.0)
+    high: float = Field(gt=0.0, le=1.0)
+    step: float | None = Field(default=None, gt=0.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FractionRange:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        return self
+
+
+class PositiveChoices(_Strict):
+    choices: list[StrictInt] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _positive(cls, choices: list[int]) -> list[int]:
+        if any(c <= 0 for c in choices):
+            raise ValueError("choices must be positive integers")
+        return choices
+
+
+class Parameters(_Strict):
+    chunk_size: PositiveChoices | None = None
+    max_num_seqs: PositiveChoices | None = None
+    memory_fraction: FractionRange | None = None
+    num_speculative_tokens: IntRange | None = None
+    draft_model: Choices | None = None  # names; left out: every draft the model spec offers
+
+
+class Static(_Strict):
+    max_model_len: int = Field(default=2048, gt=0)
+    enforce_eager: bool = True  # CPU boots take 30 s instead of 64
+    cpu_memory_budget_mib: int = Field(default=32, gt=0)
+
+
+class Space(_Strict):
+    engines: list[str] = Field(default_factory=lambda: ["vllm"], min_length=1)
+    engine_envs: dict[str, str] = Field(default_factory=dict)
+    parameters: Parameters = Field(default_factory=Parameters)
+    static: Static = Field(default_factory=Static)
+
+    @field_validator("engines", "engine_envs")
+    @classmethod
+    def _known_engines(cls, engines: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
+        unknown = [e for e in engines if e not in KNOWN_ENGINES]
+        if unknown:
+            raise ValueError(f"unknown engine {unknown[0]!r}; known: {', '.join(KNOWN_ENGINES)}")
+        return engines
+
+
+def load_space(path: Path | None = None) -> Space:
+    """Read and validate a search-space file; every problem is a ConfigError naming the key."""
+    where = path or DEFAULT_SPACE
+    try:
+        raw = yaml.safe_load(where.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a search space must be a mapping of keys")
+    try:
+        return Space.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ConfigError(f"{where}: {key}: {first['msg']}") from exc
+
+
+def suggest(
+    trial: optuna.Trial, space: Space, engines: Sequence[str], drafts: Sequence[str], is_default: bool
+) -> Config:
+    """Sample one config over the engines that run here; the enqueued default trial samples only its engine."""
+    engine = str(trial.suggest_categorical("engine", list(engines)))
+    eager = space.static.enforce_eager
+    if is_default:
+        return Config(engine=engine, params={}, enforce_eager=eager, is_default=True)
+    p, params = space.parameters, {}
+    name = f"{engine}.{{}}".format
+    for key in ("chunk_size", "max_num_seqs"):
+        choices: Choices | None = getattr(p, key)
+        if choices is not None:
+            params[key] = trial.suggest_categorical(name(key), choices.choices)
+    if p.memory_fraction is not None:
+        r = p.memory_fraction
+        fraction = trial.suggest_float(name("memory_fraction"), r.low, r.high, step=r.step)
+        params["memory_fraction"] = round(fraction, 6)  # 0.30000000000000004 from the step grid
+    params.update(_suggest_speculation(trial, p, drafts, name))
+    return Config(engine=engine, params=params, enforce_eager=eager)
+
+
+def _suggest_speculation(trial: optuna.Trial, p: Parameters, drafts: Sequence[str], name: Any) -> dict[str, Any]:
+    choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
+    if p.num_speculative_tokens is None or not choices:
+        return {}  # nothing to speculate with: not tuned, so no trial claims a K it never ran
+    k = trial.suggest_int(name("num_speculative_tokens"), p.num_speculative_tokens.low, p.num_speculative_tokens.high)
+    if k == 0:
+        return {"num_speculative_tokens": 0}
+    return {
+        "num_speculative_tokens": k,
+        "draft_model": trial.suggest_categorical(name("draft_model"), choices),
+    }

@@ -1,0 +1,153 @@
+"""The Optuna study: storage, sampler with constraints, the default trial, and what each trial records.
+
+Objectives: TTFT p95 in ms (minimise) and output throughput in tokens/s (maximise). A trial that
+ran out of memory, crashed, or failed more than 0.5 % of its requests is COMPLETE with values
+(inf, 0) and a positive constraint (Optuna 5's ``Trial.set_constraint``, which every built-in
+sampler honours), so the sampler learns where engines break; such a trial is never on the
+feasible Pareto front and never exported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy.exc
+
+from tuner.errors import ConfigError, StorageError
+from tuner.trial import MAX_ERROR_RATE, TrialResult
+
+DIRECTIONS: list[optuna.study.StudyDirection] = [
+    optuna.study.StudyDirection.MINIMIZE,  # TTFT p95
+    optuna.study.StudyDirection.MAXIMIZE,  # output throughput
+]
+DEFAULT_KIND = "engine_default"
+
+
+def storage_url(study_name: str, given: str | None) -> str:
+    """``--storage``, else ``$TUNER_STORAGE``, else SQLite under ``studies/``."""
+    url = given or os.environ.get("TUNER_STORAGE")
+    if url:
+        return url
+    Path("studies").mkdir(exist_ok=True)
+    return f"sqlite:///studies/{study_name}.db"
+
+
+CONSTRAINT = "failure_or_error_rate"
+
+
+def constraint_violation(ft: optuna.trial.FrozenTrial) -> list[float]:
+    """The stored constraint: a value above 0 marks the trial infeasible (unknown: infeasible)."""
+    return [float(ft.user_attrs.get("constraint_violation", 1.0))]
+
+
+def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def open_study(name: str, storage: str, seed: int | None) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.create_study(
+            study_name=name,
+            storage=storage,
+            directions=DIRECTIONS,
+            sampler=make_sampler(seed),
+            load_if_exists=True,
+        )
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
+        raise StorageError(f"cannot open study {name!r} at {storage}: {str(exc).splitlines()[0]}") from exc
+
+
+def load_existing(name: str, storage: str) -> optuna.Study:
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError as exc:
+        raise StorageError(f"no study named {name!r} in {storage}") from exc
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
+        raise StorageError(f"cannot open {storage}: {str(exc).splitlines()[0]}") from exc
+
+
+def bind_study_attrs(study: optuna.Study, attrs: dict[str, Any]) -> None:
+    """Store what the study is about; refuse to mix trials of a different workload."""
+    known = study.user_attrs.get("workload_digest")
+    if known is not None and known != attrs["workload_digest"]:
+        raise ConfigError(
+            f"study {study.study_name!r} was driven by workload {study.user_attrs.get('workload')!r} "
+            f"({known[:12]}); this run's workload is {attrs['workload_digest'][:12]}: use another --study"
+        )
+    for key, value in attrs.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
+
+
+def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
+    """Each engine's default config runs first, so the winner is compared with no tuning at all."""
+    have = set()
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("config_kind") == DEFAULT_KIND:
+            # A waiting (enqueued, not yet run) trial keeps its params in system_attrs["fixed_params"].
+            have.add(t.params.get("engine") or t.system_attrs.get("fixed_params", {}).get("engine"))
+    for engine in engines:
+        if engine not in have:
+            study.enqueue_trial({"engine": engine}, user_attrs={"config_kind": DEFAULT_KIND})
+
+
+def violation(result: TrialResult) -> float:
+    if result.failure is not None:
+        return 1.0
+    return max(0.0, result.metrics.get("error_rate", 1.0) - MAX_ERROR_RATE)
+
+
+def record(trial: optuna.Trial, result: TrialResult) -> tuple[float, float]:
+    """Store the trial's user attributes and return its objective values."""
+    attrs: dict[str, Any] = {
+        "ttft_p95_ms": _finite(result.ttft_p95_ms),
+        "output_throughput_tok_s": result.output_throughput_tok_s,
+        "failure": result.failure,
+        "constraint_violation": violation(result),
+        "argv": list(result.launch.argv),
+        "engine": result.config.engine,
+        "engine_version": result.engine_version,
+        "config": dict(result.config.params),
+        "metrics": {k: _finite(v) for k, v in result.metrics.items()},
+        "server": result.server,
+        "served_by": result.served_by,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "boot_s": result.boot_s,
+        "log_path": result.log_path,
+        "log_tail": result.log_tail[-10000:],
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, json.loads(json.dumps(value)))
+    trial.set_constraint(CONSTRAINT, attrs["constraint_violation"])
+    return result.ttft_p95_ms, result.output_throughput_tok_s
+
+
+def _finite(value: float) -> float | None:
+    """JSON (and so the RDB storage) has no NaN or inf: store None instead."""
+    return value if math.isfinite(value) else None
+
+
+def feasible_pareto(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    complete = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if constraint_violation(t)[0] <= 0.0 and t.values is not None and all(map(math.isfinite, t.values))
+    ]
+    front = []
+    for t in complete:
+        assert t.values is not None
+        dominated = any(_dominates(o.values, t.values) for o in complete if o is not t and o.values is not None)
+        if not dominated:
+            front.append(t)
+    return sorted(front, key=lambda t: t.number)
+
+
+def _dominates(a: list[float], b: list[float]) -> bool:
+    better_or_equal = a[0] <= b[0] and a[1] >= b[1]
+    return better_or_equal and (a[0] < b[0] or a[1] > b[1])

@@ -1,0 +1,108 @@
+"""Device memory sampled through a trial, for the peak.
+
+On an NVIDIA GPU the reading is pynvml's used memory summed over the visible devices. On the CPU
+build it is the resident memory of the engine's whole process tree: the KV cache, weights and
+activations all live there.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+import psutil
+
+from tuner.engines.base import Device
+from tuner.errors import EnvironmentSetupError
+
+SAMPLE_EVERY_S = 0.5
+
+
+def process_tree_rss(pid: int) -> int:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass  # a worker that exited between listing and reading
+    return total
+
+
+def gpu_used_bytes(indices: list[int] | None = None) -> int:
+    import pynvml  # nvidia-ml-py; only on GPU hosts is the library behind it present
+
+    pynvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        chosen = indices if indices is not None else list(range(count))
+        return sum(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used) for i in chosen)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+class MemorySampler:
+    """A background thread that keeps the peak of ``read()`` until the ``with`` block ends."""
+
+    def __init__(self, device_kind: str, pid: int) -> None:
+        self._device_kind = device_kind
+        self._pid = pid
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def read(self) -> int:
+        return process_tree_rss(self._pid) if self._device_kind == "cpu" else gpu_used_bytes()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak_bytes = max(self.peak_bytes, self.read())
+            except Exception:  # noqa: BLE001 - a failed reading must never fail the trial
+                pass
+            self._stop.wait(SAMPLE_EVERY_S)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def gpu_device() -> Device:
+    """The first visible NVIDIA GPU, read through pynvml."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise EnvironmentSetupError(f"the engine is a GPU build but no NVIDIA GPU is readable: {exc}") from exc
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    finally:
+        pynvml.nvmlShutdown()
+    return Device("cuda", name if isinstance(name, str) else name.decode(), total)
+
+
+def gpu_visible() -> bool:
+    """Whether pynvml sees at least one NVIDIA GPU (False where the driver library is absent)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    try:
+        return int(pynvml.nvmlDeviceGetCount()) > 0
+    finally:
+        pynvml.nvmlShutdown()
