@@ -75,6 +75,7 @@ def check(args: argparse.Namespace) -> int:
     from tuner.engines import ADAPTERS
     from tuner.engines.env import probe
     from tuner.export import read_sh
+    from tuner.launchers import read_python
 
     path: Path = args.file
     try:
@@ -84,6 +85,8 @@ def check(args: argparse.Namespace) -> int:
     if path.suffix == ".json":
         m = json.loads(text)
         module, argv, python = m["module"], m["argv"], m["python"]
+    elif path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS)
+        module, argv, python = "sglang.launch_server", read_python(text), None
     else:
         module, argv = read_sh(text)
         python = None

@@ -19,6 +19,7 @@ import optuna
 
 from tuner import __version__
 from tuner.errors import ExportError
+from tuner.launchers import render_python
 from tuner.naming import safe_name
 from tuner.study import constraint_violation, feasible_pareto
 
@@ -95,18 +96,24 @@ def _oneline(value: object) -> str:
     return " ".join(str(value).split())
 
 
-def render_sh(m: dict[str, Any]) -> str:
-    m = {k: v if k in ("argv", "objectives", "hardware", "python", "module") else _oneline(v) for k, v in m.items()}
+def provenance(m: dict[str, Any]) -> list[str]:
+    """Comment lines saying where a launch file came from; every value on one line."""
     objectives = "  ".join(f"{k}={v:.1f}" for k, v in m["objectives"].items() if isinstance(v, int | float))
+    return [
+        f"# Launch file exported by tuner {_oneline(m['tuner_version'])} at {_oneline(m['exported_at'])}",
+        f"# study: {_oneline(m['study'])}  trial: {m['trial']} ({_oneline(m['config_kind'])})",
+        f"# engine: {_oneline(m['engine'])} {_oneline(m['engine_version'])} ({_oneline(m['distribution'])})",
+        f"# hardware: {_oneline(m['hardware']['name'])}",
+        f"# model: {_oneline(m['model'])}",
+        f"# workload: {_oneline(m['workload'])}  digest: {_oneline(m['workload_digest'])}",
+        f"# measured: {objectives}",
+    ]
+
+
+def render_sh(m: dict[str, Any]) -> str:
     header = [
         "#!/usr/bin/env bash",
-        f"# Launch file exported by tuner {m['tuner_version']} at {m['exported_at']}",
-        f"# study: {m['study']}  trial: {m['trial']} ({m['config_kind']})",
-        f"# engine: {m['engine']} {m['engine_version']} ({m['distribution']})",
-        f"# hardware: {_oneline(m['hardware']['name'])}",
-        f"# model: {m['model']}",
-        f"# workload: {m['workload']}  digest: {m['workload_digest']}",
-        f"# measured: {objectives}",
+        *provenance(m),
         "# Override the interpreter with ENGINE_PYTHON, the address with HOST and PORT.",
         "set -euo pipefail",
         f"ENGINE_PYTHON=${{ENGINE_PYTHON:-{shlex.quote(m['python'])}}}",
@@ -162,4 +169,8 @@ def export_study(
         sh.chmod(0o755)
         js.write_text(json.dumps(m, indent=2) + "\n")
         written += [sh, js]
+        if m["engine"] == "sglang":  # SGLang users also launch from Python: sglang.Runtime(...)
+            py = out_dir / f"{stem}.py"
+            py.write_text(render_python(m, provenance(m)))
+            written.append(py)
     return written

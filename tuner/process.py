@@ -99,13 +99,17 @@ class ServerProcess:
                 if not self.alive():
                     self._fail(timed_out=False)
                 try:
-                    if client.get(self.base_url + self.spec.health_path).status_code == 200:
+                    healthy = client.get(self.base_url + self.spec.health_path).status_code == 200
+                    if healthy and self._ready_line_seen():
                         return time.monotonic() - started
                 except httpx.HTTPError:
                     pass  # connection refused until the engine is up
                 time.sleep(poll_s)
         self._fail(timed_out=True)
         raise AssertionError("unreachable")
+
+    def _ready_line_seen(self) -> bool:
+        return self.spec.ready_line is None or self.spec.ready_line in tail(self.log_path, max_lines=2000)
 
     def _fail(self, timed_out: bool) -> None:
         code = self.returncode()

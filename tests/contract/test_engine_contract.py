@@ -20,6 +20,7 @@ from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe
 from tuner.export import engine_args, read_sh, render_sh
+from tuner.launchers import read_python, render_python
 from tuner.models import default_models
 from tuner.space import load_space, suggest
 
@@ -106,6 +107,8 @@ def test_a_launch_file_reads_back_to_the_same_argv(engine: tuple[EngineAdapter, 
             "argv": args,
         }
         assert read_sh(render_sh(manifest)) == (module, args)
+        if adapter.name == "sglang":  # the sglang.Runtime(**KWARGS) launcher reads back the same
+            assert read_python(render_python(manifest, [])) == args
 
 
 def test_a_rejected_flag_fails_the_check(engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec) -> None:

@@ -64,6 +64,7 @@ class LaunchSpec:
     port: int
     health_path: str
     served_model: str
+    ready_line: str | None = None  # where set, the log must show it too before the server counts as ready
 
 
 class EngineAdapter(abc.ABC):
@@ -74,6 +75,7 @@ class EngineAdapter(abc.ABC):
     module: str  # run as ``python -m module``
     supported_versions: tuple[str, ...]  # "major.minor" or full versions
     health_path: str = "/health"
+    ready_line: str | None = None
     needs_gpu: bool = False  # an engine with no CPU build is left out of studies on a machine without a GPU
     ttft_histogram: str = ""
     failure_signatures: tuple[tuple[str, str], ...] = ()

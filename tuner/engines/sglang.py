@@ -34,6 +34,7 @@ class SglangAdapter(EngineAdapter):
     module = "sglang.launch_server"
     supported_versions = ("0.5.17", "0.5.23")
     health_path = "/health_generate"
+    ready_line = "The server is fired up and ready to roll!"
     ttft_histogram = "sglang:time_to_first_token_seconds"
     needs_gpu = True
 
@@ -46,7 +47,7 @@ class SglangAdapter(EngineAdapter):
         if model.load_format:
             argv += ["--load-format", model.load_format]
         argv += self._tuned_flags(config.params, model)
-        return LaunchSpec(self.name, tuple(argv), {}, port, self.health_path, model.path)
+        return LaunchSpec(self.name, tuple(argv), {}, port, self.health_path, model.path, self.ready_line)
 
     def _tuned_flags(self, params: Mapping[str, Any], model: ModelSpec) -> list[str]:
         flags: list[str] = []
