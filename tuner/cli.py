@@ -78,7 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--storage")
     e.add_argument("--trial", type=int, action="append", dest="trials")
     e.add_argument("--out", type=Path, required=True)
-    e.add_argument("--engine-env", help="check with this engine environment instead of the trial's")
+    e.add_argument(
+        "--engine-env",
+        action="append",
+        default=[],
+        metavar="ENGINE=PATH",
+        help="check with this engine environment instead of the trial's",
+    )
+
+    d = sub.add_parser("dashboard", help="review a study in optuna-dashboard (bound to 127.0.0.1 by default)")
+    d.add_argument("--study", help="with the default storage: the study whose SQLite file to open")
+    d.add_argument("--storage")
+    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--host", default="127.0.0.1", help="listen address; anything but loopback exposes the study")
 
     c = sub.add_parser("check", help="validate an exported launch file with the engine's own parser")
     c.add_argument("file", type=Path)

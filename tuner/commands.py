@@ -65,7 +65,9 @@ def export(args: argparse.Namespace) -> int:
     from tuner.study import load_existing, storage_url
 
     study = load_existing(args.study, storage_url(args.study, args.storage))
-    for path in export_study(study, args.trials, args.out, args.engine_env):
+    from tuner.cli import _engine_envs
+
+    for path in export_study(study, args.trials, args.out, _engine_envs(args.engine_env)):
         print(path)
     return 0
 
@@ -83,8 +85,11 @@ def check(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     if path.suffix == ".json":
-        m = json.loads(text)
-        module, argv, python = m["module"], m["argv"], m["python"]
+        try:
+            m = json.loads(text)
+            module, argv, python = m["module"], list(m["argv"]), m["python"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ExportError(f"{path}: not a manifest written by tuner export ({type(exc).__name__}: {exc})") from exc
     elif path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS)
         module, argv, python = "sglang.launch_server", read_python(text), None
     else:
@@ -104,7 +109,26 @@ def check(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"search": search, "plan": plan, "trials": trials, "export": export, "check": check}
+def dashboard(args: argparse.Namespace) -> int:
+    import os
+
+    from optuna_dashboard import run_server
+
+    from tuner.study import open_storage, storage_url
+
+    if not (args.storage or os.environ.get("TUNER_STORAGE") or args.study):
+        raise ConfigError("dashboard needs --storage URL, $TUNER_STORAGE, or --study NAME for its SQLite file")
+    url = storage_url(args.study or "", args.storage)
+    storage = open_storage(url)  # opened here, so a bad URL is one line, not the dashboard's traceback
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/dashboard for {url}", file=sys.stderr, flush=True)
+    try:
+        run_server(storage, host=args.host, port=args.port)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a user stops the dashboard
+    return 0
+
+
+COMMANDS = {"search": search, "plan": plan, "trials": trials, "export": export, "check": check, "dashboard": dashboard}
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -145,7 +145,7 @@ def safe_stem(study: str, number: int) -> str:
 
 
 def export_study(
-    study: optuna.Study, numbers: list[int] | None, out_dir: Path, env_override: str | None = None
+    study: optuna.Study, numbers: list[int] | None, out_dir: Path, engine_envs: dict[str, str] | None = None
 ) -> list[Path]:
     """Check every selected trial's argv with its engine's parser, then write ``.sh`` and ``.json``."""
     from tuner.check import check_argvs
@@ -155,22 +155,25 @@ def export_study(
     manifests = [manifest(study, t) for t in select_trials(study, numbers)]
     for engine in sorted({m["engine"] for m in manifests}):
         mine = [m for m in manifests if m["engine"] == engine]
-        env = probe(ADAPTERS[engine](), Path(env_override or mine[0]["python"]))
+        env = probe(ADAPTERS[engine](), Path((engine_envs or {}).get(engine) or mine[0]["python"]))
         for m, verdict in zip(mine, check_argvs(env, [m["argv"] for m in mine]), strict=True):
             if not verdict["ok"]:
                 raise ExportError(f"trial {m['trial']}: {engine} {env.version} rejects the command: {verdict['error']}")
             m["parser_check"] = {"engine_version": env.version, **verdict}
+    files: list[tuple[Path, str]] = []
+    for m in manifests:  # render every file first: a failure must leave no half-written export
+        stem = out_dir / safe_stem(m["study"], m["trial"])
+        files += [
+            (stem.with_name(stem.name + ".sh"), render_sh(m)),
+            (stem.with_name(stem.name + ".json"), json.dumps(m, indent=2) + "\n"),
+        ]
+        if m["engine"] == "sglang":  # SGLang users also launch from Python: sglang.Runtime(...)
+            files.append((stem.with_name(stem.name + ".py"), render_python(m, provenance(m))))
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for m in manifests:
-        stem = safe_stem(m["study"], m["trial"])
-        sh, js = out_dir / f"{stem}.sh", out_dir / f"{stem}.json"
-        sh.write_text(render_sh(m))
-        sh.chmod(0o755)
-        js.write_text(json.dumps(m, indent=2) + "\n")
-        written += [sh, js]
-        if m["engine"] == "sglang":  # SGLang users also launch from Python: sglang.Runtime(...)
-            py = out_dir / f"{stem}.py"
-            py.write_text(render_python(m, provenance(m)))
-            written.append(py)
+    for path, text in files:
+        path.write_text(text)
+        if path.suffix in (".sh", ".py"):
+            path.chmod(0o755)
+        written.append(path)
     return written

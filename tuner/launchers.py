@@ -49,16 +49,17 @@ def kwargs_to_argv(kwargs: dict[str, Any]) -> list[str]:
 def render_python(m: dict[str, Any], header: list[str]) -> str:
     kwargs = argv_to_kwargs(m["argv"])
     body = pprint.pformat(kwargs, indent=4, sort_dicts=False)  # a Python literal: quoting is repr's
-    comments = "\n".join(header)
-    return f"""#!/usr/bin/env python3
-{comments}
-# Run with the engine environment's Python; HOST and PORT come from the environment.
+    # Plain concatenation, not an f-string: the launcher's own dict braces must stay as they are.
+    return "\n".join(["#!/usr/bin/env python3", *header, _LAUNCHER.replace("@KWARGS@", body)])
+
+
+_LAUNCHER = """# Run with the engine environment's Python; HOST and PORT come from the environment.
 import os
 import signal
 
 import sglang
 
-KWARGS = {body}
+KWARGS = @KWARGS@
 
 if __name__ == "__main__":
     address = {"host": os.environ.get("HOST", "127.0.0.1"), "port": int(os.environ.get("PORT", "30000"))}
@@ -73,10 +74,13 @@ if __name__ == "__main__":
 
 def read_python(text: str) -> list[str]:
     """The engine args of a Python launcher written by ``render_python``."""
-    tree = ast.parse(text)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KWARGS" for t in node.targets):
-            kwargs = ast.literal_eval(node.value)
-            if isinstance(kwargs, dict):
-                return kwargs_to_argv(kwargs)
+    try:
+        tree = ast.parse(text)
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "KWARGS" for t in node.targets):
+                kwargs = ast.literal_eval(node.value)
+                if isinstance(kwargs, dict):
+                    return kwargs_to_argv(kwargs)
+    except (SyntaxError, ValueError) as exc:
+        raise ExportError(f"not a Python launcher written by tuner export: {exc}") from exc
     raise ExportError("no KWARGS dict: not a Python launcher written by tuner export")

@@ -63,6 +63,13 @@ def open_study(name: str, storage: str, seed: int | None) -> optuna.Study:
         raise StorageError(f"cannot open study {name!r} at {storage}: {str(exc).splitlines()[0]}") from exc
 
 
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    try:
+        return optuna.storages.get_storage(url)
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError, ImportError) as exc:
+        raise StorageError(f"cannot open {url}: {str(exc).splitlines()[0]}") from exc
+
+
 def load_existing(name: str, storage: str) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=storage)

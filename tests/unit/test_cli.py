@@ -156,3 +156,80 @@ def test_check_of_a_missing_file(capsys: pytest.CaptureFixture[str], _isolated: 
     assert main(["check", "missing.sh"]) == 2
     assert "missing.sh" in _one_line(capsys)
     _nothing_written(_isolated)
+
+
+# --- SGLang without a GPU, and Python launchers ---------------------------------------------------
+
+
+def test_search_sglang_by_name_without_a_gpu_is_a_config_error(
+    capsys: pytest.CaptureFixture[str], _isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked for by name, an engine that cannot run here is refused before anything is probed or booted."""
+    import tuner.search
+
+    monkeypatch.setattr(tuner.search, "gpu_visible", lambda: False)
+    assert main(["search", "--workload", "rag", "--engines", "sglang"]) == 2
+    line = _one_line(capsys)
+    assert "sglang" in line and "GPU" in line
+    _nothing_written(_isolated)
+
+
+def test_search_sglang_on_this_machine(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
+    """The same, with the machine's own answer to whether a GPU is visible (none on the test machine)."""
+    from tuner.telemetry import gpu_visible
+
+    if gpu_visible():
+        pytest.skip("an NVIDIA GPU is visible here")
+    assert main(["search", "--workload", "rag", "--engines", "sglang"]) == 2
+    line = _one_line(capsys)
+    assert "sglang" in line and "GPU" in line
+    _nothing_written(_isolated)
+
+
+def test_search_unknown_engine_by_name(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
+    assert main(["search", "--workload", "rag", "--engines", "tgi"]) == 2
+    assert "tgi" in _one_line(capsys)
+    _nothing_written(_isolated)
+
+
+def test_check_of_a_python_launcher_without_kwargs(
+    capsys: pytest.CaptureFixture[str], _isolated: Path, tmp_path: Path
+) -> None:
+    launcher = tmp_path / "launch.py"
+    launcher.write_text("import sglang\n\nruntime = sglang.Runtime(model_path='/models/target')\n")
+    assert main(["check", str(launcher)]) != 0
+    assert "KWARGS" in _one_line(capsys)
+    _nothing_written(_isolated)
+
+
+def test_check_of_a_python_launcher_is_checked_by_sglang(
+    capsys: pytest.CaptureFixture[str], _isolated: Path, tmp_path: Path
+) -> None:
+    """A KWARGS launcher is an SGLang command: with no SGLang environment here, that is what is missing."""
+    launcher = tmp_path / "launch.py"
+    launcher.write_text("KWARGS = {'model_path': '/models/target', 'enable_metrics': True}\n")
+    assert main(["check", str(launcher)]) == 1
+    line = _one_line(capsys)
+    assert "sglang" in line and "--engine-env" in line
+    _nothing_written(_isolated)
+
+
+def test_check_of_a_py_file_that_is_not_python(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    launcher = tmp_path / "launch.py"
+    launcher.write_text("#!/usr/bin/env bash\nexec python3 -m sglang.launch_server --model-path /m\n")
+    assert main(["check", str(launcher)]) != 0
+    _one_line(capsys)
+
+
+def test_check_of_a_json_file_that_is_not_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    manifest = tmp_path / "launch.json"
+    manifest.write_text("#!/usr/bin/env bash\n")
+    assert main(["check", str(manifest)]) != 0
+    _one_line(capsys)
+
+
+def test_check_of_a_json_file_that_is_not_a_manifest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    manifest = tmp_path / "launch.json"
+    manifest.write_text('{"argv": ["--model", "/m"]}\n')
+    assert main(["check", str(manifest)]) != 0
+    _one_line(capsys)

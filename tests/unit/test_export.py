@@ -300,3 +300,170 @@ def test_select_trials_with_nothing_feasible() -> None:
     _add_trial(study, ModelSpec("/models/target"), {}, failure="boot_timeout")
     with pytest.raises(ExportError, match="no feasible trial"):
         select_trials(study, None)
+
+
+# --- export_study: SGLang trials also get a Python launcher ---------------------------------------
+
+SGLANG_PYTHON = "/envs/sglang/bin/python"
+SGLANG_VERSION = "0.5.23"
+def _joint_study() -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="joint/../export test", directions=DIRECTIONS)
+    bind_study_attrs(
+        study,
+        {
+            "workload": "rag",
+            "workload_digest": "e" * 64,
+            "model": "/models/target",
+            "drafts": {"draft-2l": "/models/draft two"},
+            "hardware": {"kind": DEVICE.kind, "name": DEVICE.name, "memory_bytes": DEVICE.memory_bytes},
+            "engines": {
+                "vllm": {"distribution": "vllm", "version": "0.32.0"},
+                "sglang": {"distribution": "sglang", "version": SGLANG_VERSION},
+            },
+        },
+    )
+    return study
+
+
+def _add_engine_trial(
+    study: optuna.Study, engine: str, params: dict[str, Any], *, ttft: float = 120.0, tok_s: float = 75.0
+) -> optuna.trial.FrozenTrial:
+    """A trial recorded exactly as ``tuner search`` records one (``study.record``)."""
+    from tuner.engines import ADAPTERS
+
+    python, version = (SGLANG_PYTHON, SGLANG_VERSION) if engine == "sglang" else (PYTHON, "0.32.0")
+    model = ModelSpec("/models/my 'target'", drafts={"draft-2l": "/models/draft two"}, max_model_len=2048)
+    config = Config(engine=engine, params=params)
+    launch = ADAPTERS[engine]().launch(config, model, DEVICE, 43210, python, version)
+    metrics = {"ttft_p95_ms": ttft, "output_throughput_tok_s": tok_s, "error_rate": 0.0}
+    trial = study.ask()
+    trial.set_user_attr("config_kind", "sampled")
+    result = TrialResult(config=config, launch=launch, engine_version=version, metrics=metrics)
+    study.tell(trial, list(record(trial, result)))
+    return study.get_trials(deepcopy=False)[trial.number]
+
+
+class _FakeChecks:
+    """Stands in for the engine environments: probe() and the parser check, recording their calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, reject: str | None = None) -> None:
+        import tuner.check
+        import tuner.engines.env
+        from tuner.engines.base import EngineAdapter
+        from tuner.engines.env import EngineEnv
+
+        self.probed: list[tuple[str, Path | None]] = []
+        self.checked: dict[str, list[list[str]]] = {}
+        self.reject = reject
+
+        def probe(adapter: EngineAdapter, location: Path | None = None) -> EngineEnv:
+            self.probed.append((adapter.name, location))
+            version = SGLANG_VERSION if adapter.name == "sglang" else "0.32.0"
+            return EngineEnv(adapter.name, str(location), adapter.distributions[0], version)
+
+        def check_argvs(env: EngineEnv, argvs: list[list[str]], timeout_s: float = 600.0) -> list[dict[str, Any]]:
+            self.checked.setdefault(env.engine, []).extend(argvs)
+            if env.engine == self.reject:
+                return [{"ok": False, "error": "error: unrecognized arguments: --bogus"} for _ in argvs]
+            return [{"ok": True, "error": None, "speculative": "--speculative-algorithm" in a} for a in argvs]
+
+        monkeypatch.setattr(tuner.engines.env, "probe", probe)
+        monkeypatch.setattr(tuner.check, "check_argvs", check_argvs)
+
+
+SGLANG_PARAMS = {**SPEC_PARAMS, "chunk_size": 2048}
+
+
+def test_export_of_an_sglang_trial_writes_sh_json_and_py(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.export import export_study
+    from tuner.launchers import read_python
+
+    fake = _FakeChecks(monkeypatch)
+    study = _joint_study()
+    ft = _add_engine_trial(study, "sglang", SGLANG_PARAMS)
+    out = tmp_path / "out"
+    written = export_study(study, [ft.number], out)
+
+    stem = safe_stem(study.study_name, ft.number)
+    assert sorted(p.name for p in written) == sorted(f"{stem}{ext}" for ext in (".sh", ".json", ".py"))
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)
+    assert all(p.parent == out for p in written)
+
+    m = json.loads((out / f"{stem}.json").read_text())
+    assert m["engine"] == "sglang" and m["module"] == "sglang.launch_server"
+    assert m["python"] == SGLANG_PYTHON and m["distribution"] == "sglang"
+    assert m["parser_check"]["ok"] is True and m["parser_check"]["engine_version"] == SGLANG_VERSION
+    assert fake.probed == [("sglang", Path(SGLANG_PYTHON))]
+    assert fake.checked == {"sglang": [m["argv"]]}
+    assert read_sh((out / f"{stem}.sh").read_text()) == ("sglang.launch_server", m["argv"])
+    assert read_python((out / f"{stem}.py").read_text()) == m["argv"]
+    assert m["argv"][m["argv"].index("--speculative-algorithm") + 1] == "STANDALONE"
+
+
+def test_export_of_a_vllm_trial_writes_only_sh_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.export import export_study
+
+    fake = _FakeChecks(monkeypatch)
+    study = _joint_study()
+    ft = _add_engine_trial(study, "vllm", SPEC_PARAMS)
+    out = tmp_path / "out"
+    written = export_study(study, [ft.number], out)
+
+    stem = safe_stem(study.study_name, ft.number)
+    assert sorted(p.name for p in written) == sorted([f"{stem}.sh", f"{stem}.json"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)
+    m = json.loads((out / f"{stem}.json").read_text())
+    assert m["engine"] == "vllm" and m["module"] == VllmAdapter.module
+    assert fake.probed == [("vllm", Path(PYTHON))]
+    assert fake.checked == {"vllm": [m["argv"]]}
+    assert read_sh((out / f"{stem}.sh").read_text()) == (VllmAdapter.module, m["argv"])
+
+
+def test_export_of_a_joint_front_writes_py_only_for_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.export import export_study
+
+    fake = _FakeChecks(monkeypatch)
+    study = _joint_study()
+    fast = _add_engine_trial(study, "vllm", SPEC_PARAMS, ttft=90.0, tok_s=60.0)
+    wide = _add_engine_trial(study, "sglang", SGLANG_PARAMS, ttft=150.0, tok_s=120.0)
+    _add_engine_trial(study, "sglang", {"max_num_seqs": 2}, ttft=200.0, tok_s=50.0)  # dominated
+    out = tmp_path / "out"
+    written = export_study(study, None, out)  # the feasible Pareto front
+    names = sorted(p.name for p in written)
+    vllm_stem, sglang_stem = safe_stem(study.study_name, fast.number), safe_stem(study.study_name, wide.number)
+    assert names == sorted(
+        [f"{vllm_stem}.sh", f"{vllm_stem}.json", f"{sglang_stem}.sh", f"{sglang_stem}.json", f"{sglang_stem}.py"]
+    )
+    assert sorted(p.name for p in out.iterdir()) == names
+    assert sorted(engine for engine, _ in fake.probed) == ["sglang", "vllm"]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_rejected_command_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    from tuner.export import export_study
+
+    fake = _FakeChecks(monkeypatch, reject=engine)
+    study = _joint_study()
+    ft = _add_engine_trial(study, engine, SGLANG_PARAMS if engine == "sglang" else SPEC_PARAMS)
+    out = tmp_path / "out"
+    with pytest.raises(ExportError) as info:
+        export_study(study, [ft.number], out)
+    message = str(info.value)
+    assert f"trial {ft.number}" in message and engine in message and "--bogus" in message
+    assert fake.checked[engine], "the parser check ran"
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_one_rejected_engine_writes_nothing_for_the_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every argv is checked before any file is written: a rejected vLLM trial stops the SGLang one too."""
+    from tuner.export import export_study
+
+    _FakeChecks(monkeypatch, reject="vllm")
+    study = _joint_study()
+    ok = _add_engine_trial(study, "sglang", SGLANG_PARAMS)
+    bad = _add_engine_trial(study, "vllm", SPEC_PARAMS)
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match=f"trial {bad.number}"):
+        export_study(study, [ok.number, bad.number], out)
+    assert not out.exists() or list(out.iterdir()) == []

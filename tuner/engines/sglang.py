@@ -81,8 +81,10 @@ class SglangAdapter(EngineAdapter):
 
     def server_stats(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
         def gauge(name: str) -> float | None:
-            # SGLang reports acceptance and cache hits as gauges: the value at the end of the run.
-            return metric_total(after, name) if any(k.split("{")[0] == name for k in after) else None
+            # SGLang reports acceptance and cache hits as gauges: the value at the end of the run,
+            # averaged over label sets (one per DP rank), since a rate must not be summed.
+            values = [v for k, v in after.items() if k.split("{")[0] == name]
+            return sum(values) / len(values) if values else None
 
         ttft_mean = histogram_mean_delta(before, after, self.ttft_histogram)
         return {

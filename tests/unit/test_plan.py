@@ -1,0 +1,229 @@
+"""``tuner plan`` run as a real command: N JSON rows of exact argv, reproducible by seed, booting nothing.
+
+Every run gets an empty ``TUNER_ENGINES_DIR`` (no engine environment, so nothing is even probed) and its
+own ``TUNER_CACHE`` (the default models are named there, never generated).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.engines import ADAPTERS
+from tuner.engines.base import Config, Device
+from tuner.models import default_model_paths
+from tuner.space import load_space
+
+REPO = Path(__file__).resolve().parents[2]
+ROW_KEYS = {"engine", "engine_version", "params", "argv", "env"}
+PLACEHOLDER_PORT = "8000"
+PLAN_DEADLINE_S = 30.0
+
+# Runs ``python -m tuner ARGS`` with every way of starting a process replaced by one that exits 97.
+NO_PROCESS_WRAPPER = """\
+import os, runpy, subprocess, sys
+
+def _refuse(*args, **kwargs):
+    sys.stderr.write(f"PROCESS STARTED: {args[:1]!r}\\n")
+    sys.stderr.flush()
+    os._exit(97)
+
+subprocess.Popen = _refuse
+for name in ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve",
+             "execvp", "execvpe", "spawnv", "spawnve", "spawnvp", "spawnvpe"):
+    if hasattr(os, name):
+        setattr(os, name, _refuse)
+sys.path.insert(0, os.getcwd())
+sys.argv = ["tuner", *sys.argv[1:]]
+runpy.run_module("tuner", run_name="__main__", alter_sys=True)
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+
+    def rows(self) -> list[dict[str, Any]]:
+        rows = [json.loads(line) for line in self.stdout.splitlines()]
+        assert all(isinstance(r, dict) for r in rows)
+        return rows
+
+
+@dataclass(frozen=True)
+class Dirs:
+    engines: Path
+    cache: Path
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> Dirs:
+    root = tmp_path_factory.mktemp("plan")
+    engines, cache = root / "engines", root / "cache"
+    engines.mkdir()
+    return Dirs(engines, cache)
+
+
+def _env(dirs: Dirs) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNER_")}
+    env["TUNER_ENGINES_DIR"] = str(dirs.engines)
+    env["TUNER_CACHE"] = str(dirs.cache)
+    return env
+
+
+def _plan(dirs: Dirs, *args: str, wrapper: Path | None = None) -> Run:
+    head = [sys.executable, str(wrapper)] if wrapper is not None else [sys.executable, "-m", "tuner"]
+    started = time.monotonic()
+    done = subprocess.run(
+        [*head, "plan", *args], cwd=REPO, env=_env(dirs), capture_output=True, text=True, timeout=120, check=False
+    )
+    return Run(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def _value(argv: list[str], flag: str) -> str:
+    assert argv.count(flag) == 1, f"{flag} appears {argv.count(flag)} times in {argv}"
+    return argv[argv.index(flag) + 1]
+
+
+def _newest(versions: tuple[str, ...]) -> str:
+    return max(versions, key=lambda v: tuple(int(part) for part in v.split(".")))
+
+
+@pytest.fixture(scope="module")
+def seed3(dirs: Dirs) -> Run:
+    return _plan(dirs, "--workload", "rag", "--n", "20", "--seed", "3")
+
+
+# --- the rows ------------------------------------------------------------------------------------
+
+
+def test_plan_prints_one_json_row_per_trial(seed3: Run) -> None:
+    assert seed3.returncode == 0, seed3.stderr
+    assert seed3.stderr == ""
+    assert len(seed3.stdout.splitlines()) == 20
+    for row in seed3.rows():
+        assert set(row) == ROW_KEYS
+        assert row["engine"] in ADAPTERS
+        assert isinstance(row["params"], dict)
+        assert isinstance(row["env"], dict)
+        assert isinstance(row["argv"], list) and all(isinstance(a, str) for a in row["argv"])
+
+
+def test_both_engines_are_planned_without_a_gpu(seed3: Run) -> None:
+    """SGLang needs a GPU to run, not to be planned: plan shows its commands on any machine."""
+    assert {row["engine"] for row in seed3.rows()} == {"vllm", "sglang"}
+
+
+def test_argv_runs_the_engine_module(seed3: Run) -> None:
+    for row in seed3.rows():
+        adapter = ADAPTERS[row["engine"]]
+        assert row["argv"][1:3] == ["-m", adapter.module]
+        # no engine environment here: the plan names plain python3 and the newest supported version
+        assert row["argv"][0] == "python3"
+        assert row["engine_version"] == _newest(adapter.supported_versions)
+
+
+def test_argv_is_the_adapters_command_for_the_printed_params(
+    seed3: Run, dirs: Dirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNER_CACHE", str(dirs.cache))
+    space = load_space(None)
+    model = default_model_paths(space.static.max_model_len)
+    gpu = Device("cuda", "planned", 0)
+    speculating = 0
+    for row in seed3.rows():
+        adapter = ADAPTERS[row["engine"]]()
+        config = Config(row["engine"], row["params"], enforce_eager=space.static.enforce_eager)
+        launch = adapter.launch(config, model, gpu, int(PLACEHOLDER_PORT), "python3", row["engine_version"])
+        assert row["argv"] == list(launch.argv)
+        assert row["env"] == dict(launch.env)
+        speculating += int(row["params"].get("num_speculative_tokens", 0) > 0)
+    assert 0 < speculating < 20, "the space samples speculation both on and off"
+
+
+def test_plan_boots_nothing_and_generates_nothing(seed3: Run, dirs: Dirs) -> None:
+    assert seed3.wall_s < PLAN_DEADLINE_S
+    for row in seed3.rows():
+        assert _value(row["argv"], "--port") == PLACEHOLDER_PORT
+        model_flag = "--model-path" if row["engine"] == "sglang" else "--model"
+        # the default models are named where they would be generated, and left ungenerated
+        assert Path(_value(row["argv"], model_flag)).is_relative_to(dirs.cache)
+    assert not dirs.cache.exists() or list(dirs.cache.rglob("*")) == []
+
+
+def test_plan_starts_no_process(dirs: Dirs, tmp_path: Path) -> None:
+    wrapper = tmp_path / "no_process.py"
+    wrapper.write_text(NO_PROCESS_WRAPPER)
+    run = _plan(dirs, "--workload", "rag", "--n", "6", "--seed", "1", wrapper=wrapper)
+    assert "PROCESS STARTED" not in run.stderr
+    assert run.returncode == 0, run.stderr
+    assert len(run.rows()) == 6
+
+
+def test_the_wrapper_does_catch_a_started_process(dirs: Dirs, tmp_path: Path) -> None:
+    """The check above can fail: with an engine environment to probe, the wrapper sees the probe start."""
+    fake = tmp_path / "engines" / "vllm" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python").symlink_to(sys.executable)
+    wrapper = tmp_path / "no_process.py"
+    wrapper.write_text(NO_PROCESS_WRAPPER)
+    run = _plan(Dirs(tmp_path / "engines", dirs.cache), "--workload", "rag", "--n", "1", wrapper=wrapper)
+    assert run.returncode == 97
+    assert "PROCESS STARTED" in run.stderr
+
+
+# --- reproducibility and engine choice -----------------------------------------------------------
+
+
+def test_same_seed_same_plan_other_seed_other_plan(seed3: Run, dirs: Dirs) -> None:
+    again = _plan(dirs, "--workload", "rag", "--n", "20", "--seed", "3")
+    assert again.returncode == 0
+    assert again.stdout == seed3.stdout
+    other = _plan(dirs, "--workload", "rag", "--n", "20", "--seed", "4")
+    assert other.returncode == 0
+    assert len(other.rows()) == 20
+    assert other.stdout != seed3.stdout
+    assert [r["params"] for r in other.rows()] != [r["params"] for r in seed3.rows()]
+
+
+def test_engines_sglang_plans_only_sglang(dirs: Dirs) -> None:
+    run = _plan(dirs, "--workload", "rag", "--engines", "sglang", "--n", "8", "--seed", "3")
+    assert run.returncode == 0, run.stderr
+    rows = run.rows()
+    assert len(rows) == 8
+    assert {r["engine"] for r in rows} == {"sglang"}
+    assert all(r["argv"][1:3] == ["-m", ADAPTERS["sglang"].module] for r in rows)
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--workload", "rag", "--engines", "tgi"], "tgi"),
+        (["--workload", "rag", "--engines", "vllm,tgi"], "tgi"),
+        (["--workload", "rag", "--n", "0"], "--n"),
+        (["--workload", "rag", "--n", "-2"], "--n"),
+        (["--workload", "nope"], "nope"),
+        (["--n", "3"], "--workload"),
+    ],
+)
+def test_refusals_are_exit_2_with_one_line(dirs: Dirs, args: list[str], named: str) -> None:
+    run = _plan(dirs, *args)
+    assert run.returncode == 2
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("tuner: ")
+    assert named in lines[0]
