@@ -10,9 +10,10 @@ if [ ! -x .venv/bin/python ] || [ ! -x "${TUNER_ENGINES_DIR:-.engines}/vllm/bin/
 fi
 
 initdb=$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1 || true)
-if [ -z "$initdb" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "test: installing PostgreSQL from Debian's packages" >&2
-  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null
+if { [ -z "$initdb" ] || [ ! -x /usr/bin/chromedriver ]; } && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "test: installing PostgreSQL, Chromium and chromedriver from Debian's packages" >&2
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql chromium chromium-driver >/dev/null
   initdb=$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1 || true)
 fi
 
@@ -23,7 +24,7 @@ stop_pg() {
     rm -rf "$pgdata"
   fi
 }
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+as_pg() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
 trap stop_pg EXIT
 
 if [ -n "$initdb" ]; then

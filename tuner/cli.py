@@ -39,6 +39,12 @@ def _engine_list(value: str) -> list[str]:
     return engines
 
 
+def _load_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, help="closed loop at C in flight (with --rate: its cap)")
+    parser.add_argument("--rate", type=float, help="open loop: requests (or sessions) per second")
+    parser.add_argument("--burstiness", type=float, help="open-loop gamma shape: 1 Poisson, <1 burstier")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tuner", description="Auto-tune LLM serving settings on real engines.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -49,15 +55,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--space", type=Path)
     s.add_argument("--study")
     s.add_argument("--storage", help="Optuna storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)")
-    s.add_argument("--trials", type=int, default=None, help="trials to run now, the default trial included")
+    s.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="trials to run now, the default trial included (default 6; CPU default 4)",
+    )
+    s.add_argument("--finalists", type=int, help="best configs repeated after the search (default 3; CPU default 1)")
+    s.add_argument("--repeats", type=int, help="fresh boots per finalist (default 3; CPU default 2; 0: none)")
     s.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
     s.add_argument("--model")
     s.add_argument("--draft-model", action="append", default=[], dest="drafts")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--requests", type=int, default=16, help="measured requests per trial")
-    s.add_argument("--concurrency", type=int)
+    s.add_argument("--requests", type=int, help="measured requests per trial (default 16; a trace: all of it)")
+    _load_flags(s)
     s.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
     s.add_argument("--engines", type=_engine_list, help="comma-separated engines (default: the space's)")
+    s.add_argument("--objective", default="pareto", help="pareto (TTFT p95 vs throughput), goodput or throughput")
+    s.add_argument("--slo", help="e.g. ttft_p95_ms=500,tpot_p95_ms=50 (default: the workload preset's)")
+
+    w = sub.add_parser("workload", help="write the exact requests a trial would send, with their statistics")
+    w.add_argument("name", help="a preset (rag, agent, chat, json) or a trace file")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--requests", type=int, help="measured requests (default 16; a trace: all of it)")
+    w.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+    w.add_argument("--model", help="default: the generated models")
+    w.add_argument("--space", type=Path, help="the search space whose max_model_len applies")
+    w.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    _load_flags(w)
 
     p = sub.add_parser("plan", help="print the commands N sampled trials would start; boots nothing")
     p.add_argument("--workload", required=True)
@@ -69,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-model", action="append", default=[], dest="drafts")
     p.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
 
+    r = sub.add_parser("drive", help="measure a running OpenAI-compatible server with the trials' driver")
+    r.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--workload", required=True)
+    r.add_argument("--requests", type=int)
+    r.add_argument("--concurrency", type=int)
+    r.add_argument("--rate", type=float)
+    r.add_argument("--burstiness", type=float)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--slo", help="e.g. ttft_p95_ms=500 (default: the workload preset's)")
+    r.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the generated one)")
+    r.add_argument("--space", type=Path)
+    r.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    r.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+
     t = sub.add_parser("trials", help="print the trials of a study")
     t.add_argument("--study", required=True)
     t.add_argument("--storage")
@@ -79,12 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--trial", type=int, action="append", dest="trials")
     e.add_argument("--out", type=Path, required=True)
     e.add_argument(
+        "--format",
+        action="append",
+        dest="formats",
+        choices=["sh", "compose", "k8s", "python", "json"],
+        help="repeatable (default: sh and json, plus python for SGLang)",
+    )
+    e.add_argument(
         "--engine-env",
         action="append",
         default=[],
         metavar="ENGINE=PATH",
         help="check with this engine environment instead of the trial's",
     )
+
+    h = sub.add_parser("report", help="write reports/<study>/index.html and summary.md")
+    h.add_argument("--study", required=True)
+    h.add_argument("--storage")
+    h.add_argument("--out", type=Path, default=Path("reports"), help="the folder that gets <study>/ (default reports)")
 
     d = sub.add_parser("dashboard", help="review a study in optuna-dashboard (bound to 127.0.0.1 by default)")
     d.add_argument("--study", help="with the default storage: the study whose SQLite file to open")

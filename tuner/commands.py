@@ -6,43 +6,88 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigError, ExportError
 
+if TYPE_CHECKING:
+    from tuner.search import SearchOptions
 
-def search(args: argparse.Namespace) -> int:
+
+def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> SearchOptions:
+    """The workload, model and load flags that search, workload and drive share, validated."""
     from tuner.cli import _engine_envs
-    from tuner.progress import Progress
-    from tuner.search import DEFAULT_TRIALS, SearchOptions, run_search
+    from tuner.goodput import parse_slo
+    from tuner.search import SearchOptions
 
+    slo = getattr(args, "slo", None)
     opts = SearchOptions(
-        workload=args.workload,
+        workload=workload,
         space=args.space,
-        study=args.study,
-        storage=args.storage,
-        trials=DEFAULT_TRIALS if args.trials is None else args.trials,
-        timeout_s=args.timeout,
         model=args.model,
-        drafts=args.drafts,
         seed=args.seed,
         engine_envs=_engine_envs(args.engine_env),
         requests=args.requests,
         concurrency=args.concurrency,
-        engines=args.engines,
+        rate=args.rate,
+        burstiness=args.burstiness,
+        slo=parse_slo(slo) if slo else None,
+        **only_search,
     )
-    if opts.requests < 1 or (opts.concurrency is not None and opts.concurrency < 1):
-        raise ConfigError("--requests and --concurrency must be at least 1")
+    _check_load_flags(opts)
+    return opts
+
+
+def search(args: argparse.Namespace) -> int:
+    from tuner.progress import Progress
+    from tuner.search import run_search
+
+    opts = _options(
+        args, args.workload, study=args.study, storage=args.storage, trials=args.trials,
+        finalists=args.finalists, repeats=args.repeats, timeout_s=args.timeout, drafts=args.drafts,
+        engines=args.engines, objective=args.objective,
+    )  # fmt: skip
     run_search(opts, Progress())
+    return 0
+
+
+def _check_load_flags(opts: SearchOptions) -> None:
+    from tuner.workloads.arrivals import check_flags
+
+    if opts.requests is not None and opts.requests < 1:
+        raise ConfigError(f"--requests must be at least 1, got {opts.requests}")
+    check_flags(opts.concurrency, opts.rate, opts.burstiness)
+
+
+def workload(args: argparse.Namespace) -> int:
+    from tuner.preview import preview
+
+    opts = _options(args, args.name)
+    print("\n".join(preview(opts, args.out)))
+    return 0
+
+
+def drive(args: argparse.Namespace) -> int:
+    from tuner.remote import drive_url
+
+    opts = _options(args, args.workload)
+    report = drive_url(opts, args.url)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        m = report["metrics"]
+        print(f"{report['url']} ({report['model']}), workload {report['workload']}: {int(m['n_requests'])} requests")
+        for key in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "error_rate"):
+            print(f"  {key:<24} {m[key]:.3f}")
     return 0
 
 
 def plan(args: argparse.Namespace) -> int:
     from tuner.cli import _engine_envs
     from tuner.plan import plan as make_plan
-    from tuner.workloads import WORKLOADS
+    from tuner.workloads import source
 
-    if args.workload not in WORKLOADS:
-        raise ConfigError(f"unknown workload {args.workload!r}; known: {', '.join(WORKLOADS)}")
+    source(args.workload)  # a preset name or a readable trace file
     rows = make_plan(
         args.space, args.engines, args.n, args.seed, args.model, args.drafts, _engine_envs(args.engine_env)
     )
@@ -67,17 +112,18 @@ def export(args: argparse.Namespace) -> int:
     study = load_existing(args.study, storage_url(args.study, args.storage))
     from tuner.cli import _engine_envs
 
-    for path in export_study(study, args.trials, args.out, _engine_envs(args.engine_env)):
+    for path in export_study(study, args.trials, args.out, _engine_envs(args.engine_env), args.formats):
         print(path)
     return 0
 
 
 def check(args: argparse.Namespace) -> int:
     from tuner.check import check_argvs
+    from tuner.deploy import read_container_args
     from tuner.engines import ADAPTERS
     from tuner.engines.env import probe
     from tuner.export import read_sh
-    from tuner.launchers import read_python
+    from tuner.launchers import read_launcher
 
     path: Path = args.file
     try:
@@ -90,8 +136,10 @@ def check(args: argparse.Namespace) -> int:
             module, argv, python = m["module"], list(m["argv"]), m["python"]
         except (ValueError, KeyError, TypeError) as exc:
             raise ExportError(f"{path}: not a manifest written by tuner export ({type(exc).__name__}: {exc})") from exc
-    elif path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS)
-        module, argv, python = "sglang.launch_server", read_python(text), None
+    elif path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS) or vLLM's module
+        (module, argv), python = read_launcher(text), None
+    elif path.suffix in (".yaml", ".yml"):  # docker compose or Kubernetes
+        (module, argv), python = read_container_args(text), None
     else:
         module, argv = read_sh(text)
         python = None
@@ -106,6 +154,15 @@ def check(args: argparse.Namespace) -> int:
         return 1
     speculative = "on" if verdict["speculative"] else "off"
     print(f"{path}: accepted by {engine} {env.version} (speculative decoding: {speculative})")
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from tuner.report_write import write_report
+    from tuner.study import load_existing, storage_url
+
+    study = load_existing(args.study, storage_url(args.study, args.storage))
+    print(write_report(study, args.out))
     return 0
 
 
@@ -128,7 +185,17 @@ def dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"search": search, "plan": plan, "trials": trials, "export": export, "check": check, "dashboard": dashboard}
+COMMANDS = {
+    "search": search,
+    "plan": plan,
+    "drive": drive,
+    "report": report,
+    "trials": trials,
+    "export": export,
+    "check": check,
+    "dashboard": dashboard,
+    "workload": workload,
+}
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -1,43 +1,37 @@
 """The load generator: sends a workload's requests to an OpenAI-compatible server and times them.
 
-Closed loop: exactly ``concurrency`` workers pull requests from one shared queue, so at most that
-many are in flight and a new one starts as soon as one ends. Every request streams with usage
-(``stream_options.include_usage`` and ``continuous_usage_stats``) so each text chunk's token count
-is known even when the server batches several tokens into one chunk.
+Requests are released in units: an independent request, or a whole session (the requests that
+share a ``session_id``), whose turns go one after another, each only once the previous response has
+arrived. A turn that ``extends_session`` is sent after the previous turn's messages and that turn's
+actual response text, so the prompt grows as a real conversation's does. When a turn fails, the
+session's remaining turns are recorded as failed, never silently dropped.
 
-A failed request is recorded with a short ``error`` and never dropped, and nothing a request does
-raises out of ``drive``: a trial's error rate is a measurement, not a crash. The client is injected
-so tests can use ``httpx.MockTransport``.
+Closed loop (no request has an ``arrival_s``): exactly ``concurrency`` workers pull units from one
+queue, so a new unit starts as soon as one ends. Open loop: each unit starts at its ``arrival_s``
+after the start whatever the server does, and ``concurrency`` caps the requests in flight; each
+record keeps the time it was due (``scheduled_s``).
+
+Nothing a request does raises out of ``drive``: a trial's error rate is a measurement, not a crash.
+The client is injected so tests can use ``httpx.MockTransport``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import gc
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
+from tuner.sse import RequestRecord, send
 from tuner.workloads.base import Request
 
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """Timings (``time.perf_counter`` seconds) and token counts of one request."""
-
-    request_id: str
-    sent_s: float
-    first_token_s: float | None
-    done_s: float | None
-    token_times_s: tuple[float, ...]
-    chunk_tokens: tuple[int, ...]
-    output_tokens: int
-    prompt_tokens: int
-    error: str | None
+__all__ = ["DriveResult", "RequestRecord", "drive", "drive_sync"]
+SESSION_ABORTED = "session aborted: an earlier turn failed"
 
 
 @dataclass(frozen=True)
@@ -48,14 +42,55 @@ class DriveResult:
 
 
 @dataclass
-class _Stream:
-    """Mutable per-request accumulator; frozen into a RequestRecord once the request ends."""
+class _History:
+    """What a session's next turn is sent after: the last payload's messages or prompt, and the reply."""
 
-    token_times_s: list[float] = field(default_factory=list)
-    chunk_tokens: list[int] = field(default_factory=list)
-    last_byte_s: float | None = None
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
+    payload: dict[str, Any]
+    response: str
+
+
+def units(requests: Sequence[Request]) -> list[list[int]]:
+    """Indices of ``requests`` grouped into release units, in order of their first request."""
+    grouped: dict[str, list[int]] = {}
+    for index, request in enumerate(requests):
+        grouped.setdefault(request.session_id or f"\0{index}", []).append(index)
+    return list(grouped.values())
+
+
+@dataclass
+class _Run:
+    """One drive: where to send, what, and the records filled in as requests end."""
+
+    client: httpx.AsyncClient
+    base_url: str
+    model: str
+    requests: Sequence[Request]
+    timeout_s: float
+    in_flight: asyncio.Semaphore
+    on_record: Callable[[RequestRecord], None] | None
+    started_s: float = field(default_factory=time.perf_counter)
+    records: list[RequestRecord | None] = field(default_factory=list)
+
+    async def unit(self, indices: list[int]) -> None:
+        """Send one unit's requests in order, each after the previous one's response."""
+        history: _History | None = None
+        for index in indices:
+            request = self.requests[index]
+            due = None if request.arrival_s is None else self.started_s + request.arrival_s
+            if due is not None:
+                await asyncio.sleep(max(due - time.perf_counter(), 0.0))
+            if history is None and request.extends_session and index != indices[0]:
+                record = _aborted(request)  # the turn it extends failed: there is nothing to extend
+            else:
+                payload = _payload(request, self.model, history)
+                async with self.in_flight:
+                    url = self.base_url.rstrip("/") + request.endpoint
+                    record, text = await send(self.client, url, payload, request.request_id, self.timeout_s)
+                history = _History(payload, text) if record.error is None else None
+            record = replace(record, scheduled_s=due)
+            self.records[index] = record
+            if self.on_record is not None:
+                self.on_record(record)
 
 
 async def drive(
@@ -68,24 +103,16 @@ async def drive(
     request_timeout_s: float = 120.0,
     on_record: Callable[[RequestRecord], None] | None = None,
 ) -> DriveResult:
-    """Send ``requests`` with ``concurrency`` workers; records come back in request order."""
+    """Send ``requests`` (see the module docstring); records come back in request order."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for index in range(len(requests)):
-        queue.put_nowait(index)
-    records: list[RequestRecord | None] = [None] * len(requests)
-
-    async def worker() -> None:
-        while not queue.empty():
-            index = queue.get_nowait()
-            record = await _send(client, base_url, model, requests[index], request_timeout_s)
-            records[index] = record
-            if on_record is not None:
-                on_record(record)
-
-    started_s = time.perf_counter()
-    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    run = _Run(client, base_url, model, requests, request_timeout_s, asyncio.Semaphore(concurrency), on_record)
+    run.records = [None] * len(requests)
+    groups = units(requests)
+    if any(r.arrival_s is not None for r in requests):  # open loop: every unit on its own schedule
+        tasks = [asyncio.create_task(run.unit(group)) for group in groups]
+    else:
+        tasks = _closed_loop(groups, concurrency, run.unit)
     try:
         await asyncio.gather(*tasks)
     finally:  # an on_record error or a cancel stops the other workers too, not just this await
@@ -93,7 +120,38 @@ async def drive(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     ended_s = time.perf_counter()
-    return DriveResult(tuple(r for r in records if r is not None), started_s, ended_s)
+    return DriveResult(tuple(r for r in run.records if r is not None), run.started_s, ended_s)
+
+
+def _closed_loop(
+    groups: list[list[int]], concurrency: int, run_unit: Callable[[list[int]], Awaitable[None]]
+) -> list[asyncio.Task[None]]:
+    queue: asyncio.Queue[list[int]] = asyncio.Queue()
+    for group in groups:
+        queue.put_nowait(group)
+
+    async def worker() -> None:
+        while not queue.empty():
+            await run_unit(queue.get_nowait())
+
+    return [asyncio.create_task(worker()) for _ in range(concurrency)]
+
+
+def _payload(request: Request, model: str, history: _History | None) -> dict[str, Any]:
+    body = dict(request.body)
+    if request.extends_session and history is not None:
+        before = history.payload
+        if "messages" in body:
+            reply = {"role": "assistant", "content": history.response}
+            body["messages"] = [*before["messages"], reply, *body["messages"]]
+        else:
+            body["prompt"] = before["prompt"] + history.response + body["prompt"]
+    return {**body, "model": model}
+
+
+def _aborted(request: Request) -> RequestRecord:
+    now = time.perf_counter()
+    return RequestRecord(request.request_id, now, None, None, (), (), 0, 0, SESSION_ABORTED)
 
 
 def drive_sync(
@@ -125,90 +183,12 @@ def drive_sync(
                 on_record=on_record,
             )
 
-    return asyncio.run(run())
-
-
-async def _send(
-    client: httpx.AsyncClient, base_url: str, model: str, request: Request, timeout_s: float
-) -> RequestRecord:
-    payload: dict[str, Any] = {
-        **request.body,
-        "model": model,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-    stream = _Stream()
-    sent_s = time.perf_counter()
+    # As vLLM's own benchmark client does: no garbage-collection pause may land inside a timed request.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     try:
-        async with (
-            asyncio.timeout(timeout_s),
-            client.stream("POST", base_url.rstrip("/") + request.endpoint, json=payload) as response,
-        ):
-            if response.status_code != 200:
-                await response.aread()
-                stream.last_byte_s = time.perf_counter()
-                error: str | None = f"HTTP {response.status_code}"
-            else:
-                error = await _read_sse(response, stream)
-    except (TimeoutError, httpx.TimeoutException):
-        error = "timeout"
-    except Exception as exc:  # connection resets, protocol errors...: recorded, never raised
-        error = type(exc).__name__
-    times = tuple(stream.token_times_s)
-    return RequestRecord(
-        request_id=request.request_id,
-        sent_s=sent_s,
-        first_token_s=times[0] if times else None,
-        done_s=stream.last_byte_s,
-        token_times_s=times,
-        chunk_tokens=tuple(stream.chunk_tokens),
-        output_tokens=stream.completion_tokens,
-        prompt_tokens=stream.prompt_tokens,
-        error=error,
-    )
-
-
-async def _read_sse(response: httpx.Response, stream: _Stream) -> str | None:
-    """Consume one SSE body into ``stream``; returns the error text, or None on a clean [DONE]."""
-    async for line in response.aiter_lines():
-        now = time.perf_counter()
-        stream.last_byte_s = now
-        if not line.startswith("data:"):
-            continue  # blank separators, comments and event names carry nothing we time
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return None
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return "malformed SSE"
-        if not isinstance(chunk, dict):
-            return "malformed SSE"
-        if "error" in chunk or chunk.get("object") == "error":  # a failure after the 200 was sent
-            return f"server error: {str(chunk.get('error') or chunk.get('message'))[:120]}"
-        try:
-            _absorb_chunk(chunk, stream, now)
-        except (LookupError, AttributeError, TypeError, ValueError):  # valid JSON, wrong shape
-            return "malformed SSE"
-    return "stream ended without [DONE]"
-
-
-def _absorb_chunk(chunk: dict[str, Any], stream: _Stream, now: float) -> None:
-    seen_tokens = stream.completion_tokens
-    usage = chunk.get("usage")
-    if isinstance(usage, dict):
-        stream.completion_tokens = int(usage.get("completion_tokens") or seen_tokens)
-        stream.prompt_tokens = int(usage.get("prompt_tokens") or stream.prompt_tokens)
-    choices = chunk.get("choices")
-    if not choices:
-        return
-    choice = choices[0]
-    text = choice.get("text")
-    if text is None:
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else None
-    if text:
-        stream.token_times_s.append(now)
-        # continuous usage tells how many tokens this chunk carried; without it, count one
-        carried = stream.completion_tokens - seen_tokens if isinstance(usage, dict) else 1
-        stream.chunk_tokens.append(max(carried, 1))
+        return asyncio.run(run())
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -12,12 +12,14 @@ import datetime as dt
 import json
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from tuner import __version__
+from tuner.deploy import render_compose, render_k8s
 from tuner.errors import ExportError
 from tuner.launchers import render_python
 from tuner.naming import safe_name
@@ -84,6 +86,8 @@ def manifest(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, 
             "output_throughput_tok_s": attrs.get("output_throughput_tok_s"),
         },
         "metrics": attrs.get("metrics"),
+        "repeats": next((f for f in sattrs.get("finalists", []) if f["trial"] == trial.number), None),
+        "verdict": sattrs.get("verdict"),
         "server": attrs.get("server"),
         "module": module,
         "python": attrs["argv"][0],
@@ -107,7 +111,20 @@ def provenance(m: dict[str, Any]) -> list[str]:
         f"# model: {_oneline(m['model'])}",
         f"# workload: {_oneline(m['workload'])}  digest: {_oneline(m['workload_digest'])}",
         f"# measured: {objectives}",
+        *_repeat_lines(m),
     ]
+
+
+def _repeat_lines(m: dict[str, Any]) -> list[str]:
+    """The finalist repeats' means and 95 % intervals, and the verdict, when the study has them."""
+    lines = []
+    for metric, s in ((m.get("repeats") or {}).get("stats") or {}).items():
+        lines.append(f"# repeats {metric}: mean {s['mean']:.1f}, 95% CI [{s['low']:.1f}, {s['high']:.1f}], n={s['n']}")
+    verdict = m.get("verdict")
+    if verdict:
+        trials = ", ".join(str(t) for t in verdict["trials"])
+        lines.append(f"# verdict: {_oneline(verdict['kind'])} on {_oneline(verdict['metric'])}: trials {trials}")
+    return lines
 
 
 def render_sh(m: dict[str, Any]) -> str:
@@ -144,10 +161,25 @@ def safe_stem(study: str, number: int) -> str:
     return safe_name(study) + f"-trial{number}"
 
 
+RENDERERS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "sh": (".sh", lambda m: render_sh(m)),
+    "json": (".json", lambda m: json.dumps(m, indent=2) + "\n"),
+    "python": (".py", lambda m: render_python(m, provenance(m))),
+    "compose": (".compose.yaml", lambda m: render_compose(m, provenance(m))),
+    "k8s": (".k8s.yaml", lambda m: render_k8s(m, provenance(m))),
+}
+
+
 def export_study(
-    study: optuna.Study, numbers: list[int] | None, out_dir: Path, engine_envs: dict[str, str] | None = None
+    study: optuna.Study,
+    numbers: list[int] | None,
+    out_dir: Path,
+    engine_envs: dict[str, str] | None = None,
+    formats: list[str] | None = None,
 ) -> list[Path]:
-    """Check every selected trial's argv with its engine's parser, then write ``.sh`` and ``.json``."""
+    """Check every selected trial's argv with its engine's parser, then write its launch files:
+    ``formats`` (sh, compose, k8s, python, json), by default ``sh`` and ``json``, plus ``python`` for
+    SGLang, whose users launch from Python as often as from a shell."""
     from tuner.check import check_argvs
     from tuner.engines import ADAPTERS
     from tuner.engines.env import probe
@@ -163,12 +195,10 @@ def export_study(
     files: list[tuple[Path, str]] = []
     for m in manifests:  # render every file first: a failure must leave no half-written export
         stem = out_dir / safe_stem(m["study"], m["trial"])
-        files += [
-            (stem.with_name(stem.name + ".sh"), render_sh(m)),
-            (stem.with_name(stem.name + ".json"), json.dumps(m, indent=2) + "\n"),
-        ]
-        if m["engine"] == "sglang":  # SGLang users also launch from Python: sglang.Runtime(...)
-            files.append((stem.with_name(stem.name + ".py"), render_python(m, provenance(m))))
+        chosen = formats or ["sh", "json", *(["python"] if m["engine"] == "sglang" else [])]
+        for fmt in dict.fromkeys(chosen):
+            suffix, render = RENDERERS[fmt]
+            files.append((stem.with_name(stem.name + suffix), render(m)))
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for path, text in files:

@@ -47,6 +47,15 @@ def kwargs_to_argv(kwargs: dict[str, Any]) -> list[str]:
 
 
 def render_python(m: dict[str, Any], header: list[str]) -> str:
+    """The engine's Python launcher: ``sglang.Runtime`` for SGLang, vLLM's server module for vLLM."""
+    if m["engine"] == "vllm":
+        argv = pprint.pformat(list(m["argv"]), indent=4)
+        body = _VLLM_LAUNCHER.replace("@MODULE@", repr(m["module"])).replace("@ARGV@", argv)
+        return "\n".join(["#!/usr/bin/env python3", *header, body])
+    return _render_sglang(m, header)
+
+
+def _render_sglang(m: dict[str, Any], header: list[str]) -> str:
     kwargs = argv_to_kwargs(m["argv"])
     body = pprint.pformat(kwargs, indent=4, sort_dicts=False)  # a Python literal: quoting is repr's
     # Plain concatenation, not an f-string: the launcher's own dict braces must stay as they are.
@@ -70,6 +79,39 @@ if __name__ == "__main__":
     finally:
         runtime.shutdown()
 """
+
+
+_VLLM_LAUNCHER = """# Run with the engine environment's Python; HOST and PORT come from the environment.
+# vLLM's OpenAI server through its Python entry point, exactly as `python -m` would start it.
+import os
+import runpy
+import sys
+
+MODULE = @MODULE@
+ARGV = @ARGV@
+
+if __name__ == "__main__":
+    address = ["--host", os.environ.get("HOST", "127.0.0.1"), "--port", os.environ.get("PORT", "8000")]
+    sys.argv = [MODULE, *ARGV, *address]
+    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+"""
+
+
+def read_launcher(text: str) -> tuple[str, list[str]]:
+    """The module and engine args of either Python launcher."""
+    try:
+        assigned = {
+            t.id: node.value
+            for node in ast.parse(text).body
+            if isinstance(node, ast.Assign)
+            for t in node.targets
+            if isinstance(t, ast.Name)
+        }
+        if "ARGV" in assigned and "MODULE" in assigned:
+            return str(ast.literal_eval(assigned["MODULE"])), [str(a) for a in ast.literal_eval(assigned["ARGV"])]
+    except (SyntaxError, ValueError) as exc:
+        raise ExportError(f"not a Python launcher written by tuner export: {exc}") from exc
+    return "sglang.launch_server", read_python(text)
 
 
 def read_python(text: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,14 +15,17 @@ from tuner.engines.base import Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe
 from tuner.errors import ConfigError
 from tuner.naming import safe_name
+from tuner.objectives import check_objective
 from tuner.progress import Progress
+from tuner.repeats import describe_verdict, run_repeats
 from tuner.space import Space, load_space, suggest
 from tuner.study import DEFAULT_KIND, bind_study_attrs, enqueue_defaults, open_study, record, storage_url
 from tuner.summary import trials_table
 from tuner.telemetry import gpu_visible
 from tuner.trial import TrialContext, run_trial
-from tuner.workloads import build_workload
-from tuner.workloads.base import Workload, load_tokenizer
+from tuner.workloads import source, workload_for_model
+from tuner.workloads.base import Workload
+from tuner.workloads.trace import Trace
 
 DEFAULT_TRIALS = 6
 
@@ -32,17 +36,23 @@ class SearchOptions:
     space: Path | None = None
     study: str | None = None
     storage: str | None = None
-    trials: int = DEFAULT_TRIALS
+    trials: int | None = None  # None: see budget()
+    finalists: int | None = None
+    repeats: int | None = None
     timeout_s: float | None = None
     model: str | None = None
     drafts: list[str] = field(default_factory=list)
     seed: int = 0
     engine_envs: dict[str, str] = field(default_factory=dict)
     engines: list[str] | None = None
-    requests: int = 16
+    requests: int | None = None  # None: 16 for a preset, the whole file for a trace
     concurrency: int | None = None
+    rate: float | None = None  # open loop at this many requests (or sessions) per second
+    burstiness: float | None = None
     log_dir: Path = Path("studies/logs")
     boot_deadline_s: float = 300.0
+    objective: str = "pareto"
+    slo: dict[str, float] | None = None  # None: the workload preset's default SLOs
 
 
 def resolve_engines(
@@ -85,55 +95,108 @@ def resolve_models(opts: SearchOptions, space: Space, env: EngineEnv) -> ModelSp
     return models.user_models(opts.model, opts.drafts, space.static.max_model_len)
 
 
-def resolve_workload(opts: SearchOptions, model: ModelSpec) -> Workload:
-    tokenizer = load_tokenizer(Path(model.path))
-    return build_workload(
-        opts.workload,
-        tokenizer,
+def resolve_workload(opts: SearchOptions, model: ModelSpec, given: str | Trace | None = None) -> Workload:
+    """The preset or trace ``opts.workload`` names (``given``: already parsed) for the model."""
+    return workload_for_model(
+        source(opts.workload) if given is None else given,
+        Path(model.path),
         seed=opts.seed,
         n_requests=opts.requests,
         max_model_len=model.max_model_len,
         concurrency=opts.concurrency,
+        rate=opts.rate,
+        burstiness=opts.burstiness,
     )
 
 
+def preset_slo(workload: Workload) -> dict[str, float]:
+    """The preset's default SLOs as a dict of the bounds it sets (none: an empty dict)."""
+    slo = getattr(workload, "slo", None)
+    if slo is None:
+        return {}
+    return {k: float(v) for k, v in dataclasses.asdict(slo).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int
+    finalists: int
+    repeats: int
+
+
+def budget(opts: SearchOptions, device: Device) -> Budget:
+    """Flags win; otherwise the embedded CPU default is sized to finish in about 10 minutes on 2 cores
+    (every boot there costs 40-60 s), and everything else gets 6 trials and 3 finalists x 3 repeats."""
+    small = device.kind == "cpu" and opts.model is None
+    chosen = Budget(
+        trials=opts.trials if opts.trials is not None else (4 if small else DEFAULT_TRIALS),
+        finalists=opts.finalists if opts.finalists is not None else (1 if small else 3),
+        repeats=opts.repeats if opts.repeats is not None else (2 if small else 3),
+    )
+    if chosen.trials < 1 or chosen.finalists < 0 or chosen.repeats < 0:
+        raise ConfigError("--trials must be at least 1, and --finalists and --repeats at least 0")
+    return chosen
+
+
+def study_attrs(
+    opts: SearchOptions,
+    space: Space,
+    engines: dict[str, tuple[EngineAdapter, EngineEnv]],
+    device: Device,
+    model: ModelSpec,
+    workload: Workload,
+    slo: dict[str, float],
+) -> dict[str, object]:
+    return {
+        "workload": workload.name,
+        "workload_digest": workload.digest(),
+        "model": model.path,
+        "drafts": dict(model.drafts),
+        "hardware": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
+        "engines": {n: {"distribution": e.distribution, "version": e.version} for n, (_, e) in engines.items()},
+        "space": space.model_dump(),
+        "objective": opts.objective,
+        "slo": slo,
+    }
+
+
 def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
-    if opts.trials < 1:
+    if opts.trials is not None and opts.trials < 1:
         raise ConfigError(f"--trials must be at least 1, got {opts.trials}")
+    given = source(opts.workload)  # a bad preset name or trace file fails before any engine is probed
     space = load_space(opts.space)
     engines = resolve_engines(space, opts.engine_envs, opts.engines, progress)
     first_env = next(iter(engines.values()))[1]
     device = detect_device(first_env, space)
+    plan = budget(opts, device)
     model = resolve_models(opts, space, first_env)
-    workload = resolve_workload(opts, model)
-    name = opts.study or f"{opts.workload}-{'-'.join(engines)}"
-    study = open_study(name, storage_url(name, opts.storage), opts.seed)
-    bind_study_attrs(
-        study,
-        {
-            "workload": workload.name,
-            "workload_digest": workload.digest(),
-            "model": model.path,
-            "drafts": dict(model.drafts),
-            "hardware": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
-            "engines": {n: {"distribution": e.distribution, "version": e.version} for n, (_, e) in engines.items()},
-            "space": space.model_dump(),
-        },
-    )
+    workload = resolve_workload(opts, model, given)
+    slo = opts.slo if opts.slo is not None else preset_slo(workload)
+    check_objective(opts.objective, slo)
+    name = opts.study or f"{workload.name}-{'-'.join(engines)}"
+    study = open_study(name, storage_url(name, opts.storage), opts.seed, opts.objective)
+    bind_study_attrs(study, study_attrs(opts, space, engines, device, model, workload, slo))
     enqueue_defaults(study, list(engines))
     log_dir = opts.log_dir.resolve() / safe_name(name)
-    ctx = TrialContext(engines, model, device, workload, log_dir, progress, opts.boot_deadline_s)
+    ctx = TrialContext(engines, model, device, workload, log_dir, progress, opts.boot_deadline_s, slo)
     progress.line(
-        f"study {name!r}: {opts.trials} trials on {device.name}, workload {workload.name} ({workload.description})"
+        f"study {name!r}: {plan.trials} trials, then {plan.finalists} finalists x {plan.repeats} repeats, "
+        f"on {device.name}; workload {workload.name} ({workload.description})"
     )
 
-    def objective(trial: optuna.Trial) -> tuple[float, float]:
+    def objective(trial: optuna.Trial) -> list[float]:
         is_default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
         if not is_default:
             trial.set_user_attr("config_kind", "sampled")
         config = suggest(trial, space, list(engines), list(model.drafts), is_default)
-        return record(trial, run_trial(trial.number, config, ctx))
+        return record(trial, run_trial(trial.number, config, ctx), opts.objective, slo)
 
-    study.optimize(objective, n_trials=opts.trials, timeout=opts.timeout_s)
+    study.optimize(objective, n_trials=plan.trials, timeout=opts.timeout_s)
+    if plan.repeats > 0:
+        progress.line(
+            f"finalists: {plan.finalists} best feasible configs and the engine default, {plan.repeats} fresh boots each"
+        )
+        verdict = run_repeats(study, plan.finalists, plan.repeats, ctx, space.static.enforce_eager)
+        progress.line(describe_verdict(verdict))
     progress.line(trials_table(study))
     return study

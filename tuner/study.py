@@ -12,19 +12,18 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
 import sqlalchemy.exc
 
+from tuner import objectives
 from tuner.errors import ConfigError, StorageError
 from tuner.trial import MAX_ERROR_RATE, TrialResult
 
-DIRECTIONS: list[optuna.study.StudyDirection] = [
-    optuna.study.StudyDirection.MINIMIZE,  # TTFT p95
-    optuna.study.StudyDirection.MAXIMIZE,  # output throughput
-]
+DIRECTIONS = objectives.directions("pareto")  # TTFT p95 (minimise), output throughput (maximise)
 DEFAULT_KIND = "engine_default"
 
 
@@ -49,13 +48,13 @@ def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=seed)
 
 
-def open_study(name: str, storage: str, seed: int | None) -> optuna.Study:
+def open_study(name: str, storage: str, seed: int | None, objective: str = "pareto") -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.create_study(
             study_name=name,
             storage=storage,
-            directions=DIRECTIONS,
+            directions=objectives.directions(objective),
             sampler=make_sampler(seed),
             load_if_exists=True,
         )
@@ -87,6 +86,11 @@ def bind_study_attrs(study: optuna.Study, attrs: dict[str, Any]) -> None:
             f"study {study.study_name!r} was driven by workload {study.user_attrs.get('workload')!r} "
             f"({known[:12]}); this run's workload is {attrs['workload_digest'][:12]}: use another --study"
         )
+    if study.directions != objectives.directions(attrs.get("objective", "pareto")):
+        raise ConfigError(
+            f"study {study.study_name!r} optimises {study.user_attrs.get('objective', 'pareto')!r}, "
+            f"not {attrs.get('objective')!r}: use another --study"
+        )
     for key, value in attrs.items():
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
@@ -104,19 +108,22 @@ def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
             study.enqueue_trial({"engine": engine}, user_attrs={"config_kind": DEFAULT_KIND})
 
 
-def violation(result: TrialResult) -> float:
+def violation(result: TrialResult, objective: str = "pareto", slo: Mapping[str, float] | None = None) -> float:
     if result.failure is not None:
         return 1.0
-    return max(0.0, result.metrics.get("error_rate", 1.0) - MAX_ERROR_RATE)
+    errors = max(0.0, result.metrics.get("error_rate", 1.0) - MAX_ERROR_RATE)
+    return errors + objectives.slo_excess(objective, result.metrics, slo or {})
 
 
-def record(trial: optuna.Trial, result: TrialResult) -> tuple[float, float]:
+def record(
+    trial: optuna.Trial, result: TrialResult, objective: str = "pareto", slo: Mapping[str, float] | None = None
+) -> list[float]:
     """Store the trial's user attributes and return its objective values."""
     attrs: dict[str, Any] = {
         "ttft_p95_ms": _finite(result.ttft_p95_ms),
         "output_throughput_tok_s": result.output_throughput_tok_s,
         "failure": result.failure,
-        "constraint_violation": violation(result),
+        "constraint_violation": violation(result, objective, slo),
         "argv": list(result.launch.argv),
         "engine": result.config.engine,
         "engine_version": result.engine_version,
@@ -128,11 +135,13 @@ def record(trial: optuna.Trial, result: TrialResult) -> tuple[float, float]:
         "boot_s": result.boot_s,
         "log_path": result.log_path,
         "log_tail": result.log_tail[-10000:],
+        "warnings": result.warnings,
+        "ttft_samples_ms": result.ttft_samples_ms,
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, json.loads(json.dumps(value)))
     trial.set_constraint(CONSTRAINT, attrs["constraint_violation"])
-    return result.ttft_p95_ms, result.output_throughput_tok_s
+    return objectives.values(objective, result.metrics, failed=result.failure is not None)
 
 
 def _finite(value: float) -> float | None:
@@ -146,15 +155,12 @@ def feasible_pareto(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if constraint_violation(t)[0] <= 0.0 and t.values is not None and all(map(math.isfinite, t.values))
     ]
-    front = []
-    for t in complete:
-        assert t.values is not None
-        dominated = any(_dominates(o.values, t.values) for o in complete if o is not t and o.values is not None)
-        if not dominated:
-            front.append(t)
+    # Compare in "larger is better" terms, whatever each objective's direction.
+    signs = [-1.0 if d == optuna.study.StudyDirection.MINIMIZE else 1.0 for d in study.directions]
+    scored = [(t, [s * v for s, v in zip(signs, t.values or [], strict=True)]) for t in complete]
+    front = [t for t, a in scored if not any(_dominates(b, a) for o, b in scored if o is not t)]
     return sorted(front, key=lambda t: t.number)
 
 
 def _dominates(a: list[float], b: list[float]) -> bool:
-    better_or_equal = a[0] <= b[0] and a[1] >= b[1]
-    return better_or_equal and (a[0] < b[0] or a[1] > b[1])
+    return all(x >= y for x, y in zip(a, b, strict=True)) and any(x > y for x, y in zip(a, b, strict=True))

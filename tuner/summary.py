@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import optuna
 
+from tuner.repeats import describe_verdict
 from tuner.study import feasible_pareto
 
-COLUMNS = ("#", "state", "failure", "ttft_p95_ms", "tok/s", "params")
+COLUMNS = ("#", "state", "failure", "ttft_p95_ms", "tok/s", "repeats: tok/s mean [95% CI]", "params")
 
 
 def _params(trial: optuna.trial.FrozenTrial) -> str:
@@ -19,8 +22,19 @@ def _number(value: object, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, int | float) else "-"
 
 
+def _repeats(finalist: dict[str, Any] | None) -> str:
+    if finalist is None:
+        return "-"
+    stats = finalist["stats"].get("output_throughput_tok_s")
+    failed = f" ({len(finalist['failures'])} failed)" if finalist["failures"] else ""
+    if stats is None:
+        return "all failed" + failed
+    return f"{stats['mean']:.1f} [{stats['low']:.1f}, {stats['high']:.1f}] n={stats['n']}{failed}"
+
+
 def trial_rows(study: optuna.Study) -> list[tuple[str, ...]]:
     front = {t.number for t in feasible_pareto(study)}
+    finalists = {f["trial"]: f for f in study.user_attrs.get("finalists", [])}
     rows: list[tuple[str, ...]] = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
@@ -32,6 +46,7 @@ def trial_rows(study: optuna.Study) -> list[tuple[str, ...]]:
                 str(attrs.get("failure") or "-"),
                 _number(attrs.get("ttft_p95_ms"), ".0f"),
                 _number(attrs.get("output_throughput_tok_s"), ".1f"),
+                _repeats(finalists.get(t.number)),
                 _params(t),
             )
         )
@@ -46,5 +61,9 @@ def format_table(rows: list[tuple[str, ...]]) -> str:
 
 
 def trials_table(study: optuna.Study) -> str:
-    legend = "* feasible Pareto-optimal (TTFT p95 against output throughput)"
-    return format_table(trial_rows(study)) + "\n" + legend
+    legend = "* feasible Pareto-optimal"
+    verdict = study.user_attrs.get("verdict")
+    lines = [format_table(trial_rows(study)), legend]
+    if verdict is not None:
+        lines.append(describe_verdict(verdict))
+    return "\n".join(lines)

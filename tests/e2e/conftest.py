@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +19,21 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "VLLM::", "EngineCore")
 
 
+# Every process this test run starts inherits this marker, so the leak check sees only our engines,
+# never another run's on the same machine.
+RUN_MARKER = ("TUNER_TEST_RUN", uuid.uuid4().hex)
+os.environ[RUN_MARKER[0]] = RUN_MARKER[1]
+
+
+def _ours(proc: psutil.Process) -> bool:
+    try:
+        return proc.environ().get(RUN_MARKER[0]) == RUN_MARKER[1]
+    except psutil.Error:
+        return False
+
+
 def engine_processes() -> list[psutil.Process]:
-    """Every live process on the machine that looks like a vLLM server or one of its workers."""
+    """Every live process of this test run that looks like a vLLM server or one of its workers."""
     found = []
     for proc in psutil.process_iter(["cmdline", "name", "status"]):
         try:
@@ -28,7 +42,7 @@ def engine_processes() -> list[psutil.Process]:
             continue
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue  # already dead: only its exit status waits for a parent (or init) to read it
-        if any(marker in text for marker in ENGINE_MARKERS):
+        if any(marker in text for marker in ENGINE_MARKERS) and _ours(proc):
             found.append(proc)
     return found
 

@@ -76,6 +76,7 @@ class EngineAdapter(abc.ABC):
     supported_versions: tuple[str, ...]  # "major.minor" or full versions
     health_path: str = "/health"
     ready_line: str | None = None
+    reset_cache_path: str | None = None  # POST here after warmup empties the prefix cache
     needs_gpu: bool = False  # an engine with no CPU build is left out of studies on a machine without a GPU
     ttft_histogram: str = ""
     failure_signatures: tuple[tuple[str, str], ...] = ()

@@ -35,6 +35,7 @@ class SglangAdapter(EngineAdapter):
     supported_versions = ("0.5.17", "0.5.23")
     health_path = "/health_generate"
     ready_line = "The server is fired up and ready to roll!"
+    reset_cache_path = "/flush_cache"
     ttft_histogram = "sglang:time_to_first_token_seconds"
     needs_gpu = True
 

@@ -38,6 +38,7 @@ class VllmAdapter(EngineAdapter):
     supported_versions = ("0.26", "0.32", "0.33")
     health_path = "/health"
     ttft_histogram = "vllm:time_to_first_token_seconds"
+    reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
 
     def launch(
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str
@@ -53,7 +54,7 @@ class VllmAdapter(EngineAdapter):
         return LaunchSpec(
             engine=self.name,
             argv=tuple(argv),
-            env={},
+            env={"VLLM_SERVER_DEV_MODE": "1"},  # trials only: exports never carry it
             port=port,
             health_path=self.health_path,
             served_model=model.path,

@@ -40,6 +40,14 @@ SHAPE = dict(
     initializer_range=0.05,
 )
 SPECIAL = ["<unk>", "<s>", "</s>"]
+# Role-tagged turns, so /v1/chat/completions works. The tuner renders the same text in Python to
+# count chat prompts exactly as the server does (tuner/workloads/chat_format.py): change both together.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
 
 
 def train_tokenizer(corpus: Path) -> PreTrainedTokenizerFast:
@@ -52,7 +60,9 @@ def train_tokenizer(corpus: Path) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train([str(corpus)], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def llama_config(layers: int, vocab: int, tok: PreTrainedTokenizerFast) -> LlamaConfig:
@@ -89,6 +99,12 @@ def build_draft(target: LlamaForCausalLM, layers: int, tok: PreTrainedTokenizerF
 def save(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, out: Path) -> None:
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    # transformers 5 writes the template to chat_template.jinja; keep it in tokenizer_config.json too,
+    # where older loaders (and the tuner's own check) look for it
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2))
 
 
 def main(corpus: Path, out: Path) -> None:

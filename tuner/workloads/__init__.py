@@ -1,38 +1,101 @@
-"""Workload presets: each builds a fixed, seeded list of requests for one model's tokenizer.
+"""Workloads: seeded presets that look like production traffic, and replay of the user's own.
 
-``build_workload`` is the one entry point; ``WORKLOADS`` maps a preset name to its builder.
+``build_workload`` is the one entry point: a preset name from ``WORKLOADS`` (see each module's
+docstring for its definition) or the path of a trace file (``tuner.workloads.trace``). The command
+line's ``--concurrency``, ``--rate`` and ``--burstiness`` override the preset's arrival pattern.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from tuner.errors import ConfigError
-from tuner.workloads.base import Request, Workload, count_tokens, load_tokenizer
-from tuner.workloads.rag import build_rag
+from tuner.workloads import agent, chat, rag, structured
+from tuner.workloads.arrivals import Arrival, override
+from tuner.workloads.base import CHAT_ENDPOINT, Request, Workload, count_tokens, load_tokenizer
+from tuner.workloads.chat_format import check_template
+from tuner.workloads.preset import Preset, assemble
+from tuner.workloads.replay import build_trace
+from tuner.workloads.trace import Trace, read_trace
 
-__all__ = ["WORKLOADS", "Request", "Workload", "build_workload", "count_tokens", "load_tokenizer"]
+__all__ = [
+    "WORKLOADS",
+    "Arrival",
+    "Request",
+    "Workload",
+    "build_workload",
+    "count_tokens",
+    "load_tokenizer",
+    "source",
+    "workload_for_model",
+]
+
+WORKLOADS: dict[str, Preset] = {p.name: p for p in (rag.PRESET, agent.PRESET, chat.PRESET, structured.PRESET)}
+DEFAULT_REQUESTS = 16
 
 
-# A builder takes (tokenizer, *, seed, n_requests, max_model_len, concurrency=..., ...) -> Workload.
-WORKLOADS: dict[str, Callable[..., Workload]] = {"rag": build_rag}
+def source(name: str) -> str | Trace:
+    """A preset's name as given, or the parsed trace file ``name`` names (a bad file: ConfigError)."""
+    if name in WORKLOADS:
+        return name
+    path = Path(name)
+    if path.is_file():
+        return read_trace(path)
+    if path.suffix in (".json", ".jsonl") or "/" in name:
+        raise ConfigError(f"--workload {name}: no such trace file")
+    raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}, or a trace file path")
 
 
 def build_workload(
-    name: str,
+    name: str | Trace,
     tokenizer: Tokenizer,
     *,
     seed: int,
-    n_requests: int,
+    n_requests: int | None,
     max_model_len: int,
     concurrency: int | None = None,
+    rate: float | None = None,
+    burstiness: float | None = None,
+    n_warmup: int = 2,
 ) -> Workload:
-    """Build preset ``name``; ``concurrency=None`` keeps the preset's own default."""
-    builder = WORKLOADS.get(name)
-    if builder is None:
-        raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(sorted(WORKLOADS))}")
-    extra: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
-    return builder(tokenizer, seed=seed, n_requests=n_requests, max_model_len=max_model_len, **extra)
+    """Build a preset (``n_requests`` None: 16) or a trace (None: all of it) for one tokenizer."""
+    if n_requests is not None and n_requests < 1:
+        raise ConfigError(f"--requests must be at least 1, got {n_requests}")
+    if isinstance(name, Trace):
+        arrival = override(name.arrival, concurrency, rate, burstiness)
+        return build_trace(name, tokenizer, seed, n_requests, max_model_len, arrival)
+    preset = WORKLOADS.get(name)
+    if preset is None:
+        raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    arrival = override(preset.arrival, concurrency, rate, burstiness)
+    drafted = preset.make(tokenizer, seed, n_requests or DEFAULT_REQUESTS, max_model_len, n_warmup)
+    return assemble(preset.name, seed, drafted, arrival, preset.slo)
+
+
+def workload_for_model(
+    name: str | Trace,
+    model_dir: Path,
+    *,
+    seed: int,
+    n_requests: int | None,
+    max_model_len: int,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    burstiness: float | None = None,
+) -> Workload:
+    """``build_workload`` with the model's own tokenizer; says once if chat lengths are approximate."""
+    workload = build_workload(
+        name,
+        load_tokenizer(model_dir),
+        seed=seed,
+        n_requests=n_requests,
+        max_model_len=max_model_len,
+        concurrency=concurrency,
+        rate=rate,
+        burstiness=burstiness,
+    )
+    if any(r.endpoint == CHAT_ENDPOINT for r in workload.requests):
+        check_template(model_dir, workload.name)
+    return workload

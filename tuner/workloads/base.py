@@ -2,7 +2,8 @@
 
 A workload is fixed before the first trial: the same preset, seed and tokenizer give byte-identical
 requests, so trials differ only in the engine settings under test. ``Workload.digest`` fingerprints
-the exact bodies so a study can refuse to mix results from different workloads.
+the exact requests and how they are released, so a study can refuse to mix results from different
+workloads.
 
 Token counts use the model's own ``tokenizer.json`` through the ``tokenizers`` library (never
 transformers). Counts exclude special tokens: a server may add a BOS token on top.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tuner.errors import WorkloadError
+from tuner.workloads.arrivals import Arrival
 
 COMPLETIONS_ENDPOINT = "/v1/completions"
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -28,18 +30,67 @@ CHAT_ENDPOINT = "/v1/chat/completions"
 
 @dataclass(frozen=True)
 class Request:
-    """One request of a workload; ``body`` lacks ``model`` and ``stream*``, which the driver adds."""
+    """One request of a workload; ``body`` lacks ``model`` and ``stream*``, which the driver adds.
+
+    Requests that share a ``session_id`` are sent one after another, in list order, each once the
+    previous response has arrived. A request that ``extends_session`` carries only its new
+    messages (or prompt text): the driver sends the previous turn's messages, then the previous
+    turn's actual response as an assistant message, then these. ``prompt_tokens`` is then the
+    number of tokens the turn appends after that response; otherwise it is the whole prompt.
+    ``arrival_s`` is the open-loop release time, in seconds after the run starts (None: closed loop).
+    """
 
     request_id: str
     endpoint: str
     body: dict[str, Any]
     prompt_tokens: int
     max_tokens: int
+    session_id: str | None = None
+    turn: int = 0
+    extends_session: bool = False
+    arrival_s: float | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """Everything that decides what the server sees and when, as plain JSON."""
+        return {
+            "request_id": self.request_id,
+            "endpoint": self.endpoint,
+            "session_id": self.session_id,
+            "turn": self.turn,
+            "extends_session": self.extends_session,
+            "arrival_s": self.arrival_s,
+            "prompt_tokens": self.prompt_tokens,
+            "max_tokens": self.max_tokens,
+            "body": self.body,
+        }
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A preset's default service-level objectives (None: no objective on that metric)."""
+
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
+    e2e_p95_ms: float | None = None
+
+    def describe(self) -> str:
+        parts = [f"{label} <= {value:g} ms" for label, value in self._named() if value is not None]
+        return ", ".join(parts) or "none"
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {f"{label.lower().replace(' ', '_')}_ms": value for label, value in self._named()}
+
+    def _named(self) -> list[tuple[str, float | None]]:
+        return [("TTFT p95", self.ttft_p95_ms), ("TPOT p95", self.tpot_p95_ms), ("E2E p95", self.e2e_p95_ms)]
 
 
 @dataclass(frozen=True)
 class Workload:
-    """The requests of one trial: ``warmup`` is sent first and discarded, then ``requests``."""
+    """The requests of one trial: ``warmup`` is sent first and discarded, then ``requests``.
+
+    ``concurrency`` is the most requests in flight: the closed loop's concurrency, or the open
+    loop's cap (the driver reads the open-loop release times from the requests themselves).
+    """
 
     name: str
     seed: int
@@ -47,6 +98,8 @@ class Workload:
     warmup: tuple[Request, ...]
     concurrency: int
     description: str
+    arrival: Arrival = field(default_factory=Arrival)
+    slo: Slo = field(default_factory=Slo)
 
     def digest(self) -> str:
         """Sha256 hex of the canonical JSON of what the server sees; equal inputs, equal digest."""
@@ -54,8 +107,9 @@ class Workload:
             "name": self.name,
             "seed": self.seed,
             "concurrency": self.concurrency,
-            "warmup": [r.body for r in self.warmup],
-            "requests": [r.body for r in self.requests],
+            "arrival": self.arrival.as_dict(),
+            "warmup": [r.wire() for r in self.warmup],
+            "requests": [r.wire() for r in self.requests],
         }
         text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return hashlib.sha256(text.encode("ascii")).hexdigest()
@@ -88,3 +142,9 @@ def load_corpus() -> tuple[str, ...]:
     if not passages:
         raise WorkloadError("the packaged corpus tuner/workloads/corpus.txt is empty")
     return passages
+
+
+@lru_cache(maxsize=1)
+def corpus_words() -> tuple[str, ...]:
+    """The corpus as one run of words, passages in file order: excerpts are slices of it."""
+    return tuple(word for passage in load_corpus() for word in passage.split())

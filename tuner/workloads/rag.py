@@ -1,46 +1,47 @@
 """The ``rag`` preset: retrieval-augmented question answering with long prompts and short answers.
 
-Each prompt is, in order:
+Each prompt (``/v1/completions``) is, in order:
 
-1. one shared system prompt (fixed text, about 120 tokens), identical in every request;
-2. ``K_PASSAGES`` = 3 retrieved documents. Each starts at a corpus passage drawn with Zipf-like
-   popularity (weight ``1 / rank**1.1`` over a seeded shuffle of the corpus), so a small set of
-   popular documents repeats across requests as popular documents do in real retrieval. A
-   document runs on into the following corpus passages and is cut at a word boundary;
-3. a question built from words of the three documents, then ``Answer:``.
+1. one shared system prompt: instructions and a worked example, about 400 tokens, the same in
+   every request (a RAG application's fixed preamble);
+2. retrieved passages. The corpus passages are the fixed chunks of a retrieval index: a passage is
+   always the same text. Popularity is Zipf-like (weight ``1 / rank**1.1`` over a seeded shuffle of
+   the corpus) and each request retrieves ``K_PASSAGES`` = 4 distinct ones (more when 4 are too
+   short for its length). They are packed in
+   popularity order, as a pipeline fills its context budget with the best-ranked chunks: the last
+   one that fits is cut short and any after it dropped. So popular passages repeat across
+   requests, at the same place after the shared preamble;
+3. a question built from words of the first two passages, then ``Answer:``. (Where a passage's
+   header makes a jump of tokens that no cut can land in, the question takes another phrasing.)
 
-Each request draws its own input-length target uniformly from 800..1000 tokens, and the documents
-are cut (equal word counts each) so the exact prompt lands within ``TOLERANCE_TOKENS`` of it. The
-output is short: ``max_tokens`` (48) with ``ignore_eos`` so every request generates all of them.
+Lengths: each request draws its input length uniformly from 800..1000 tokens and lands within one
+token of it; the output is a short answer, ``max_tokens`` 48 with ``ignore_eos``. Closed loop at
+concurrency 4. SLOs: TTFT p95 <= 2000 ms, E2E p95 <= 3000 ms (GuideLLM's RAG guide: E2E <= 3 s).
 
-When the model context cannot hold the longest prompt plus the output plus a margin, every target
-is scaled down by one factor and one line says so on stderr. All randomness comes from one
-``random.Random(seed)``: the same seed and tokenizer give byte-identical requests. Measured requests
-are drawn before warmup requests, so changing ``n_warmup`` leaves them unchanged.
+When the model context cannot hold the longest prompt plus the output plus a margin, every input
+length (the preamble's included) is scaled down by one factor and one line says so on stderr.
+Measured requests are drawn before warmup requests, so changing ``n_warmup`` leaves them unchanged.
 """
 
 from __future__ import annotations
 
 import random
 import re
-import sys
-from bisect import bisect_left
-from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate
 
 from tokenizers import Tokenizer
 
-from tuner.errors import WorkloadError
-from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Workload, count_tokens, load_corpus
+from tuner.workloads.arrivals import Arrival
+from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Slo, load_corpus
+from tuner.workloads.lengths import TOLERANCE_TOKENS, Fit, Fitter, context_scale
+from tuner.workloads.preset import Drafted, Preset
 
-K_PASSAGES = 3
+K_PASSAGES = 4
 TARGET_LOW, TARGET_HIGH = 800, 1000
-DEFAULT_MAX_TOKENS = 48
-CONTEXT_MARGIN = 16  # room for a BOS token and small count differences at the server
-TOLERANCE_TOKENS = 8
+MAX_TOKENS = 48
 ZIPF_EXPONENT = 1.1
-DOC_WORDS = 400  # words available per document before cutting: 3 x 400 words is well over 1000 tokens
-QUESTION_SCAN_WORDS = 30  # question words come from each document's opening, which survives cutting
+QUESTION_SCAN_WORDS = 30  # question words come from each passage's opening, which is always kept
 
 SYSTEM_PROMPT = (
     "You are a careful technical assistant for a team that maintains a large Python code base. "
@@ -49,162 +50,106 @@ SYSTEM_PROMPT = (
     "passages do not contain the answer, say that you do not know instead of guessing. Keep the "
     "answer short and precise, quote the exact names of statements, types and methods as they "
     "appear in the passages, and do not repeat the question. When two passages disagree, prefer "
-    "the one that describes the more specific case."
+    "the one that describes the more specific case. Rules for the answer: write at most three "
+    "sentences; put every quoted name in backticks; cite the passages you used by their numbers "
+    "in square brackets after the sentence that relies on them, for example [1] or [2, 3]; never "
+    "cite a passage that you did not use; do not add examples of your own unless the question asks "
+    "for one. A passage may be cut off mid-sentence: do not guess how it ends.\n\n"
+    "Example.\n"
+    "Passage 1: The pass statement is a null operation; when it is executed, nothing happens. It is "
+    "useful as a placeholder when a statement is required syntactically, but no code needs to be "
+    "executed.\n"
+    "Passage 2: The del statement removes the binding of a name from the local or global namespace.\n"
+    "Question: What does the pass statement do, and when is it used?\n"
+    "Answer: `pass` is a null operation: executing it does nothing [1]. It serves as a placeholder "
+    "where the syntax requires a statement but no code needs to run [1].\n\n"
+    "Now answer the engineer's question."
 )
 QUESTION_TEMPLATES = (
-    "According to the passages, how does {0} relate to {1} and {2}?",
-    "What do the passages say about {0}, and where do {1} and {2} come in?",
-    "Using the passages, explain the role of {0} together with {1} and {2}.",
-    "Which rules in the passages connect {0}, {1} and {2}?",
+    "According to the passages, how does {0} relate to {1}?",
+    "What do the passages say about {0}, and where does {1} come in?",
+    "Using the passages, explain the role of {0} together with {1}.",
+    "Which rules in the passages connect {0} and {1}?",
 )
 _STOPWORDS = frozenset({"before", "should", "between", "because", "however", "following", "without"})
 _WORD = re.compile(r"[a-z]{6,}")
+PRESET_SLO = Slo(ttft_p95_ms=2000, e2e_p95_ms=3000)
 
 
-@dataclass(frozen=True)
-class _PromptMaker:
-    tokenizer: Tokenizer
-    corpus: tuple[str, ...]
-    popular_first: tuple[int, ...]  # corpus indices, most popular first
-    cum_weights: tuple[float, ...]
-    max_tokens: int
-    scale: float
-    # per document start: tokens covering its first m words; popular documents hit this often
-    _prefix_tokens: dict[int, list[int]] = field(default_factory=dict)
-
-    def make(self, rng: random.Random, request_id: str) -> Request:
-        starts = self._draw_starts(rng)
-        docs = [self._document(i) for i in starts]
-        question = _question(rng, docs)
-        target = round(rng.uniform(TARGET_LOW, TARGET_HIGH) * self.scale)
-        prompt, n_tokens = self._fit(starts, docs, question, target)
-        body = {"prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0.0, "ignore_eos": True}
-        return Request(request_id, COMPLETIONS_ENDPOINT, body, n_tokens, self.max_tokens)
-
-    def _draw_starts(self, rng: random.Random) -> list[int]:
-        starts: list[int] = []
-        while len(starts) < K_PASSAGES:
-            (idx,) = rng.choices(self.popular_first, cum_weights=self.cum_weights)
-            if idx not in starts:
-                starts.append(idx)
-        return starts
-
-    def _document(self, start: int) -> list[str]:
-        words: list[str] = []
-        i = start
-        while len(words) < DOC_WORDS:
-            words.extend(self.corpus[i % len(self.corpus)].split())
-            i += 1
-        return words[:DOC_WORDS]
-
-    def _doc_prefix_tokens(self, start: int, words: list[str]) -> list[int]:
-        if start not in self._prefix_tokens:
-            ends = list(accumulate((len(w) + 1 for w in words), initial=-1))
-            offsets = self.tokenizer.encode(" ".join(words), add_special_tokens=False).offsets
-            token_starts = [begin for begin, _ in offsets]
-            self._prefix_tokens[start] = [bisect_left(token_starts, max(end, 0)) for end in ends]
-        return self._prefix_tokens[start]
-
-    def _fit(self, starts: list[int], docs: list[list[str]], question: str, target: int) -> tuple[str, int]:
-        """Cut the documents so the prompt is as close to ``target`` tokens as whole words allow.
-
-        Encoding is the cost here, so the word count is first estimated from per-document token
-        offsets (no encode), then corrected with exact counts of whole prompts, one word at a time.
-        """
-        fixed = count_tokens(self.tokenizer, _render(docs, question, 0))
-        prefixes = [self._doc_prefix_tokens(s, d) for s, d in zip(starts, docs, strict=True)]
-        n_max = sum(len(d) for d in docs)
-        lo, hi = K_PASSAGES, n_max
-        while lo < hi:  # largest word count whose estimate fits the target
-            mid = (lo + hi + 1) // 2
-            estimate = fixed + sum(p[m] for p, m in zip(prefixes, _split(mid, len(docs)), strict=True))
-            lo, hi = (mid, hi) if estimate <= target else (lo, mid - 1)
-        return self._correct(docs, question, target, lo, n_max)
-
-    def _correct(self, docs: list[list[str]], question: str, target: int, n: int, n_max: int) -> tuple[str, int]:
-        def exact(n_words: int) -> tuple[str, int]:
-            prompt = _render(docs, question, n_words)
-            return prompt, count_tokens(self.tokenizer, prompt)
-
-        best = exact(n)
-        while best[1] > target and n > K_PASSAGES:
-            n -= 1
-            best = exact(n)
-        while n < n_max:
-            longer = exact(n + 1)
-            if longer[1] > target:  # one word over: keep it if it lands closer to the target
-                best = min(best, longer, key=lambda pc: abs(pc[1] - target))
-                break
-            n, best = n + 1, longer
-        if best[1] > target + TOLERANCE_TOKENS:
-            raise WorkloadError(
-                f"rag: a prompt needs at least {best[1]} tokens but its target is {target}; "
-                "the model context is too short for this preset"
-            )
-        return best
-
-
-def _split(n_words: int, n_docs: int) -> list[int]:
-    """Equal word counts per document, the first ones taking the remainder."""
-    return [n_words // n_docs + (i < n_words % n_docs) for i in range(n_docs)]
-
-
-def _render(docs: list[list[str]], question: str, n_words: int) -> str:
-    parts = [SYSTEM_PROMPT, ""]
-    for i, (doc, n) in enumerate(zip(docs, _split(n_words, len(docs)), strict=True), start=1):
-        parts += [f"Passage {i}: {' '.join(doc[:n])}", ""]
+def _render(preamble: str, passages: list[list[str]], question: str, n_words: int, cut: str) -> str:
+    """The prompt with the first ``n_words`` passage words (in packing order), then ``cut``."""
+    parts = [preamble, ""]
+    left = n_words
+    for number, words in enumerate(passages, start=1):
+        if left >= len(words):
+            parts += [f"Passage {number}: {' '.join(words)}", ""]
+            left -= len(words)
+            continue
+        shown = words[:left] + ([cut] if cut else [])
+        if shown:
+            parts += [f"Passage {number}: {' '.join(shown)}", ""]
+        break
     parts += [f"Question: {question}", "Answer:"]
     return "\n".join(parts)
 
 
-def _question(rng: random.Random, docs: list[list[str]]) -> str:
+def _questions(rng: random.Random, passages: list[list[str]]) -> list[str]:
+    """The drawn question first, then the same topics in the other phrasings."""
     topics = []
-    for doc in docs:
-        words = [w for w in _WORD.findall(" ".join(doc[:QUESTION_SCAN_WORDS]).lower()) if w not in _STOPWORDS]
-        topics.append(rng.choice(words) if words else "this topic")
-    return rng.choice(QUESTION_TEMPLATES).format(*topics)
+    for words in passages[:2]:
+        found = [w for w in _WORD.findall(" ".join(words[:QUESTION_SCAN_WORDS]).lower()) if w not in _STOPWORDS]
+        topics.append(rng.choice(found) if found else "this topic")
+    first = rng.randrange(len(QUESTION_TEMPLATES))
+    order = QUESTION_TEMPLATES[first:] + QUESTION_TEMPLATES[:first]
+    return [template.format(*topics) for template in order]
 
 
-def _context_scale(max_model_len: int, max_tokens: int) -> float:
-    needed = TARGET_HIGH + max_tokens + CONTEXT_MARGIN
-    if needed <= max_model_len:
-        return 1.0
-    scale = (max_model_len - max_tokens - CONTEXT_MARGIN) / TARGET_HIGH
-    if scale <= 0:
-        raise WorkloadError(f"rag: model context {max_model_len} cannot hold {max_tokens} output tokens")
-    print(
-        f"rag: model context {max_model_len} is shorter than the preset needs ({needed}); "
-        f"input lengths scaled by {scale:.2f}",
-        file=sys.stderr,
-    )
-    return scale
+def _fit(fitter: Fitter, preamble: str, passages: list[list[str]], questions: list[str], target: int) -> Fit:
+    """The first phrasing that lands within tolerance (a passage's header makes a jump of a few
+    tokens that no cut can land in, another phrasing can), else the closest."""
+    words = [w for p in passages for w in p]
+    best: Fit | None = None
+    for question in questions:
+        fit = fitter.fit(partial(_render, preamble, passages, question), words, target, "rag")
+        best = fit if best is None or abs(fit.tokens - target) < abs(best.tokens - target) else best
+        if abs(best.tokens - target) <= TOLERANCE_TOKENS:
+            break
+    assert best is not None, "there is always a question"
+    return best
 
 
-def build_rag(
-    tokenizer: Tokenizer,
-    *,
-    seed: int,
-    n_requests: int,
-    max_model_len: int,
-    concurrency: int = 4,
-    n_warmup: int = 2,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-) -> Workload:
-    """Build the ``rag`` workload (see the module docstring) for a tokenizer and model context."""
-    if n_requests < 1 or concurrency < 1 or n_warmup < 0 or max_tokens < 1:
-        raise WorkloadError("rag: n_requests, concurrency and max_tokens must be >= 1, n_warmup >= 0")
-    scale = _context_scale(max_model_len, max_tokens)
-    corpus = load_corpus()
+def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, n_warmup: int) -> Drafted:
+    scale = context_scale("rag", max_model_len, TARGET_HIGH, fixed=MAX_TOKENS)
+    preamble_words = SYSTEM_PROMPT.split(" ")
+    preamble = " ".join(preamble_words[: max(round(len(preamble_words) * scale), 1)])
+    corpus = [passage.split() for passage in load_corpus()]
     rng = random.Random(seed)
-    order = list(range(len(corpus)))
-    rng.shuffle(order)  # which documents are popular depends on the seed
-    weights = (1.0 / rank**ZIPF_EXPONENT for rank in range(1, len(order) + 1))
-    maker = _PromptMaker(tokenizer, corpus, tuple(order), tuple(accumulate(weights)), max_tokens, scale)
-    requests = tuple(maker.make(rng, f"r{i:04d}") for i in range(n_requests))
-    warmup = tuple(maker.make(rng, f"w{i:03d}") for i in range(n_warmup))
+    by_popularity = list(range(len(corpus)))
+    rng.shuffle(by_popularity)  # which passages are popular depends on the seed
+    cum_weights = list(accumulate(1.0 / rank**ZIPF_EXPONENT for rank in range(1, len(corpus) + 1)))
+    fitter = Fitter(tokenizer)
+
+    def make(request_id: str) -> Request:
+        target = round(rng.uniform(TARGET_LOW, TARGET_HIGH) * scale)
+        ranks: list[int] = []
+        # every word is at least one token: this many words always reach the target
+        while len(ranks) < K_PASSAGES or sum(len(corpus[by_popularity[r]]) for r in ranks) < target:
+            (rank,) = rng.choices(range(len(corpus)), cum_weights=cum_weights)
+            if rank not in ranks:
+                ranks.append(rank)
+        passages = [corpus[by_popularity[rank]] for rank in sorted(ranks)]
+        fit = _fit(fitter, preamble, passages, _questions(rng, passages), target)
+        body = {"prompt": fit.text, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+        return Request(request_id, COMPLETIONS_ENDPOINT, body, fit.tokens, MAX_TOKENS)
+
+    requests = [make(f"r{i:04d}") for i in range(n_requests)]
+    warmup = [make(f"w{i:03d}") for i in range(n_warmup)]
     low, high = round(TARGET_LOW * scale), round(TARGET_HIGH * scale)
     description = (
-        f"RAG: shared system prompt + {K_PASSAGES} Zipf-popular passages + question; "
-        f"input {low}-{high} tokens, output {max_tokens} tokens, concurrency {concurrency}"
+        f"RAG: shared preamble + up to {K_PASSAGES} Zipf-popular fixed passages + question; "
+        f"input {low}-{high} tokens, output {MAX_TOKENS} tokens"
     )
-    return Workload("rag", seed, requests, warmup, concurrency, description)
+    return Drafted(requests, warmup, description)
+
+
+PRESET = Preset("rag", Arrival(concurrency=4), PRESET_SLO, _make)

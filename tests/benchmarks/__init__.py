@@ -1,0 +1,5 @@
+"""Benchmarks of the tuner's own measurement: not part of the default test run.
+
+Each module runs as ``.venv/bin/python -m tests.benchmarks.<name>`` and merges its section into
+``reports/measurement.md`` and ``reports/measurement.json`` (see ``_report``).
+"""

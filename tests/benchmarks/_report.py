@@ -1,0 +1,177 @@
+"""Merge one benchmark's results into ``reports/measurement.md`` and ``reports/measurement.json``.
+
+Each benchmark owns one section: in the JSON, the top-level key named after it; in the Markdown,
+the text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``. Writing a section replaces
+only that section, so benchmarks run one after another (or at once: a lock file serialises the
+writes) never clobber each other.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = ROOT / "reports"
+MD_PATH = REPORTS / "measurement.md"
+JSON_PATH = REPORTS / "measurement.json"
+MD_TITLE = (
+    "# Measurement benchmarks\n\n"
+    "Written by `tests/benchmarks/`; each section is replaced when its own benchmark runs again.\n"
+)
+
+
+@contextmanager
+def _locked() -> Iterator[None]:
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    with (REPORTS / ".measurement.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def busy_processes() -> list[str]:
+    """Other processes using CPU now (over 0.2 s): who else runs on the shared cores."""
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cpu_percent"]):
+        if proc.info["pid"] == me:
+            continue
+        try:
+            usage = proc.cpu_percent(interval=None)
+        except psutil.Error:
+            continue
+        found.append((proc, usage))
+    time.sleep(0.2)
+    busy = []
+    for proc, _ in found:
+        try:
+            usage = proc.cpu_percent(interval=None)
+            if usage >= 10.0:
+                busy.append(f"{usage:.0f}% {' '.join(proc.info['cmdline'] or [])[:100]}")
+        except psutil.Error:
+            continue
+    return busy
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on, including how busy the machine was."""
+    load1, load5, _ = os.getloadavg()
+    return {
+        "busy_processes": busy_processes(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "loadavg_1m": round(load1, 2),
+        "loadavg_5m": round(load5, 2),
+        "date_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def write_section(name: str, markdown: str, data: dict[str, Any]) -> None:
+    """Replace benchmark ``name``'s section in both report files (creating them if needed)."""
+    with _locked():
+        merged: dict[str, Any] = json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else {}
+        merged[name] = _finite(data)
+        JSON_PATH.write_text(json.dumps(merged, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+        text = MD_PATH.read_text() if MD_PATH.exists() else MD_TITLE
+        block = f"<!-- bench:{name} -->\n{markdown.strip()}\n<!-- /bench:{name} -->"
+        pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S)
+        text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+        MD_PATH.write_text(text)
+
+
+def _finite(value: Any) -> Any:
+    """The same structure with NaN and infinities as None, so the JSON is strict."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; floats get 3 significant decimals unless already formatted."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "n/a" if not math.isfinite(v) else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """(min, max) of the repeats: with 3-5 repeats the range is the honest spread."""
+    return (min(values), max(values)) if values else (math.nan, math.nan)
+
+
+def pct_diff(value: float, reference: float) -> float:
+    """Signed difference of ``value`` from ``reference`` in percent of ``reference``."""
+    return (value - reference) / reference * 100.0 if reference else math.nan
+
+
+def contention(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """One sentence on how busy the shared machine was around a benchmark."""
+    others = sorted(set(before["busy_processes"]) | set(after["busy_processes"]))
+    listed = "; ".join(f"`{p}`" for p in others) if others else "none"
+    return (
+        f"Machine: {before['cpus']} CPUs, load average (1 min) {before['loadavg_1m']} at the start and "
+        f"{after['loadavg_1m']} at the end; other processes using >= 10 % of a core at those moments: {listed}."
+    )
+
+
+CODE_UNDER_TEST = ("tuner/driver.py", "tuner/sse.py", "tuner/metrics.py", "tuner/trial.py", "tuner/workloads/rag.py")
+
+
+def code_state() -> dict[str, Any]:
+    """Which tuner code was measured: HEAD, whether tuner/ had uncommitted changes, and file hashes.
+
+    Others edit tuner/ while benchmarks run, so the hashes say which version of each file a run
+    imported (taken at the start, when the modules are imported).
+    """
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    return {
+        "head": git("rev-parse", "--short", "HEAD"),
+        "tuner_dirty": bool(git("status", "--porcelain", "--", "tuner")),
+        "sha256_12": {
+            path: hashlib.sha256((ROOT / path).read_bytes()).hexdigest()[:12]
+            for path in CODE_UNDER_TEST
+            if (ROOT / path).exists()
+        },
+    }
+
+
+def describe_code(state: dict[str, Any]) -> str:
+    files = ", ".join(f"`{Path(p).name}` {h}" for p, h in state["sha256_12"].items())
+    dirty = " plus uncommitted changes in tuner/" if state["tuner_dirty"] else ""
+    return f"Code measured: HEAD {state['head']}{dirty}; sha256 (first 12) {files}."

@@ -1,0 +1,170 @@
+"""Every preset end to end on the real vLLM CPU build, against one server booted once (about 45 s).
+
+For each preset in turn: warm up, empty the prefix cache (``/reset_prefix_cache``, served with
+``VLLM_SERVER_DEV_MODE=1``), drive the measured requests, and read the server's own counters
+(``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``) before and after. The
+hit rate must be at least 50 % for ``rag`` and ``agent`` and well under that for ``chat``. The
+server's ``usage.prompt_tokens`` must equal the tuner's own count for every request whose whole
+prompt is known in advance (chat ones through the chat template rendered in Python), and every
+JSON reply the grammar finished must follow its schema.
+
+The measured rates are printed (run with ``-s``) and kept in ``reports/workloads.md`` by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.e2e.conftest import tuner
+from tuner import models
+from tuner.driver import DriveResult, drive_sync
+from tuner.engines.base import Config, Device
+from tuner.engines.env import EngineEnv
+from tuner.engines.vllm import VllmAdapter
+from tuner.metrics import metric_total, parse_prometheus
+from tuner.process import ServerProcess, free_port
+from tuner.workloads import build_workload, load_tokenizer
+from tuner.workloads.base import Workload
+
+pytestmark = pytest.mark.engine
+MAX_MODEL_LEN = 2048
+REQUESTS = {"rag": 16, "agent": 16, "chat": 16, "json": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    base_url: str
+    model: str
+    model_dir: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    workload: Workload
+    drove: DriveResult
+    hits: float
+    queries: float
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries
+
+
+@pytest.fixture(scope="module")
+def server(vllm_env: EngineEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    spec_models = models.default_models(vllm_env.python, MAX_MODEL_LEN)
+    device = Device("cpu", "CPU (e2e)", 32 * 2**20)  # the KV budget a search uses on the CPU build
+    config = Config("vllm", {"memory_fraction": 0.9}, enforce_eager=True)
+    spec = VllmAdapter().launch(config, spec_models, device, free_port(), vllm_env.python, vllm_env.version)
+    spec = dataclasses.replace(spec, env={**spec.env, "VLLM_SERVER_DEV_MODE": "1"})
+    with ServerProcess(spec, tmp_path_factory.mktemp("workloads") / "vllm.log") as process:
+        process.wait_ready(300)
+        yield Served(process.base_url, spec.served_model, Path(spec_models.path))
+
+
+@pytest.fixture(scope="module")
+def measured(server: Served) -> dict[str, Measured]:
+    """Each preset driven in turn from an empty prefix cache; printed as the report's table rows."""
+    tokenizer = load_tokenizer(server.model_dir)
+    results: dict[str, Measured] = {}
+    with httpx.Client(timeout=30) as client:
+        for name, n_requests in REQUESTS.items():
+            workload = build_workload(name, tokenizer, seed=0, n_requests=n_requests, max_model_len=MAX_MODEL_LEN)
+            drive_sync(None, server.base_url, server.model, workload.warmup, concurrency=workload.concurrency)
+            assert client.post(server.base_url + "/reset_prefix_cache").status_code == 200
+            before = parse_prometheus(client.get(server.base_url + "/metrics").text)
+            drove = drive_sync(None, server.base_url, server.model, workload.requests, concurrency=workload.concurrency)
+            after = parse_prometheus(client.get(server.base_url + "/metrics").text)
+            hits, queries = (
+                metric_total(after, f"vllm:prefix_cache_{kind}_total")
+                - metric_total(before, f"vllm:prefix_cache_{kind}_total")
+                for kind in ("hits", "queries")
+            )
+            results[name] = Measured(workload, drove, hits, queries)
+    for name, m in results.items():
+        print(
+            f"| {name} | {len(m.workload.requests)} | {m.hit_rate:.1%} ({m.hits:.0f} / {m.queries:.0f} tokens) "
+            f"| {m.workload.arrival.describe()} | {date.today().isoformat()} |"
+        )
+    return results
+
+
+@pytest.mark.parametrize("name", list(REQUESTS))
+def test_every_request_succeeds(measured: dict[str, Measured], name: str) -> None:
+    records = measured[name].drove.records
+    assert len(records) == REQUESTS[name]
+    assert [r.error for r in records if r.error is not None] == []
+    assert all(r.output_tokens >= 1 for r in records)
+
+
+@pytest.mark.parametrize("name", list(REQUESTS))
+def test_server_counts_the_prompt_as_the_tuner_does(measured: dict[str, Measured], name: str) -> None:
+    m = measured[name]
+    for request, record in zip(m.workload.requests, m.drove.records, strict=True):
+        if not request.extends_session:
+            assert record.prompt_tokens == request.prompt_tokens, request.request_id
+
+
+def test_agent_turns_carry_the_actual_previous_response(measured: dict[str, Measured]) -> None:
+    m = measured["agent"]
+    by_id = {r.request_id: r for r in m.drove.records}
+    follow_ups = [r for r in m.workload.requests if r.extends_session]
+    assert follow_ups
+    for request in follow_ups:
+        previous = by_id[f"{request.session_id}t{request.turn - 1}"]
+        grown = by_id[request.request_id].prompt_tokens - previous.prompt_tokens - request.prompt_tokens
+        # the previous reply, re-tokenized from its text: about as long as it was generated
+        assert 0.5 * previous.output_tokens <= grown <= 2 * previous.output_tokens, request.request_id
+
+
+def test_prefix_cache_hit_rates(measured: dict[str, Measured]) -> None:
+    rates = {name: m.hit_rate for name, m in measured.items()}
+    assert rates["rag"] >= 0.5, rates
+    assert rates["agent"] >= 0.5, rates
+    assert rates["chat"] <= 0.25, rates
+
+
+def test_open_loop_presets_send_on_schedule(measured: dict[str, Measured]) -> None:
+    for name in ("chat", "json"):
+        drove = measured[name].drove
+        lags = [r.sent_s - r.scheduled_s for r in drove.records if r.scheduled_s is not None]
+        assert lags, name
+        assert max(lags) < 0.5, (name, max(lags))  # the client keeps up with the schedule
+
+
+def test_json_replies_follow_their_schema(server: Served, measured: dict[str, Measured]) -> None:
+    workload = measured["json"].workload
+    finished = 0
+    with httpx.Client(timeout=120) as client:
+        for request in workload.requests[:4]:
+            body = {**request.body, "model": server.model}
+            reply = client.post(server.base_url + request.endpoint, json=body)
+            assert reply.status_code == 200, reply.text[:500]
+            choice = reply.json()["choices"][0]
+            if choice["finish_reason"] != "stop":
+                continue  # cut at max_tokens: random weights may pad with whitespace up to the cap
+            schema = request.body["response_format"]["json_schema"]["schema"]
+            jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+            finished += 1
+    assert finished >= 1
+
+
+def test_tuner_drive_measures_a_running_server_like_a_trial(server: Served, measured: dict[str, Measured]) -> None:
+    """`tuner drive` against the same server: one JSON object, the trials' metrics, the server's clock."""
+    done = tuner("drive", "--url", server.base_url, "--workload", "rag", "--requests", "8", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["model"] == server.model and report["workload"] == "rag" and len(report["workload_digest"]) == 64
+    metrics = report["metrics"]
+    assert metrics["n_requests"] == 8 and metrics["n_errors"] == 0
+    assert 0 < metrics["ttft_p50_ms"] <= metrics["ttft_p95_ms"] and metrics["output_throughput_tok_s"] > 0
+    assert 0.0 <= metrics["good_fraction"] <= 1.0 and report["slo"], "rag carries default SLOs"
+    assert report["server_ttft_mean_ms"] > 0, "the server's own TTFT histogram was read"
