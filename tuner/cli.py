@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="trials to run now, the default trial included (default 6; CPU default 4)",
     )
     s.add_argument("--finalists", type=int, help="best configs repeated after the search (default 3; CPU default 1)")
-    s.add_argument("--repeats", type=int, help="fresh boots per finalist (default 3; CPU default 2; 0: none)")
+    s.add_argument("--repeats", type=int, help="fresh boots per finalist (default 5; CPU default 2; 0: none)")
     s.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
     s.add_argument("--model")
     s.add_argument("--draft-model", action="append", default=[], dest="drafts")

@@ -2,9 +2,10 @@
 
 Run as its own process (``python -m tests.benchmarks._instant_server``) so it never shares the
 client's event loop or GIL. It prints its port on the first line of stdout, then serves until
-killed. Plain asyncio streams: HTTP/1.1 keep-alive, the request body read by ``Content-Length``,
-and one prebuilt response written at once: chunked transfer encoding carrying ``CHUNKS`` SSE text
-events with continuous usage, a usage-only event, then ``data: [DONE]``. The server does no other
+killed or until its stdin (a pipe from the benchmark) closes. Plain asyncio streams: HTTP/1.1
+keep-alive, the request body read by ``Content-Length``, and one prebuilt response written at
+once: chunked transfer encoding carrying ``CHUNKS`` SSE text events with continuous usage, a
+usage-only event, then ``data: [DONE]``. The server does no other
 work, so what a client measures against it is the client's own cost plus the loopback round trip.
 ``GET /stats`` answers the connections accepted and completions served so far, so a benchmark can
 tell whether a client reuses its keep-alive connections.
@@ -85,8 +86,11 @@ async def serve() -> None:
     server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
     port = server.sockets[0].getsockname()[1]
     print(port, flush=True)
+    # stdin is a pipe from the benchmark: its end means the benchmark is gone, even killed outright
+    orphaned = asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
     async with server:
-        await server.serve_forever()
+        await asyncio.wait([orphaned, asyncio.ensure_future(server.serve_forever())],
+                           return_when=asyncio.FIRST_COMPLETED)
 
 
 if __name__ == "__main__":

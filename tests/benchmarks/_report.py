@@ -2,8 +2,8 @@
 
 Each benchmark owns one section: in the JSON, the top-level key named after it; in the Markdown,
 the text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``. Writing a section replaces
-only that section, so benchmarks run one after another (or at once: a lock file serialises the
-writes) never clobber each other.
+only that section, so benchmarks run one after another (or at once: a lock file in the temporary
+directory serialises the writes) never clobber each other.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import platform
 import re
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,7 +40,7 @@ MD_TITLE = (
 @contextmanager
 def _locked() -> Iterator[None]:
     REPORTS.mkdir(parents=True, exist_ok=True)
-    with (REPORTS / ".measurement.lock").open("w") as lock:
+    with (Path(tempfile.gettempdir()) / "tuner-measurement-report.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -1,7 +1,7 @@
 """Driver capacity: how many streamed requests per second ``tuner.driver`` sustains, and what it adds.
 
 Run: ``.venv/bin/python -m tests.benchmarks.bench_driver_capacity [--requests N] [--repeats R]``
-(about 5 minutes on 2 cores). Not part of the default test run.
+(3 to 11 minutes on the 2 shared cores, depending on their load). Not part of the default test run.
 
 An instant OpenAI streaming server (``_instant_server``, its own process) answers every
 ``/v1/completions`` request at once. These clients drive it, interleaved in one run at each
@@ -82,7 +82,7 @@ def instant_server() -> Iterator[tuple[int, psutil.Process]]:
         [sys.executable, "-m", "tests.benchmarks._instant_server"],
         cwd=_report.ROOT,
         stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,  # closed when this process ends, however it ends: the server then exits
     )
     try:
         assert proc.stdout is not None
@@ -107,17 +107,20 @@ class _DrainOnClose(httpx.AsyncByteStream):
 
     def __init__(self, inner: httpx.AsyncByteStream) -> None:
         self._inner = inner
+        self._exhausted = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._inner:
             yield chunk
+        self._exhausted = True
 
     async def aclose(self) -> None:
-        try:
-            async for _ in self._inner:  # the terminating chunk the reader stopped short of
-                pass
-        except httpx.HTTPError:
-            pass  # a broken connection is closed below anyway
+        if not self._exhausted:  # iterating a finished body again would wait on the socket forever
+            try:
+                async for _ in self._inner:  # the terminating chunk the reader stopped short of
+                    pass
+            except httpx.HTTPError:
+                pass  # a broken connection is closed below anyway
         await self._inner.aclose()
 
 
@@ -296,7 +299,7 @@ def run(n: int, repeats: int) -> dict[str, Any]:
             "repeats": repeats, "concurrencies": list(CONCURRENCIES), "clients": list(CLIENTS), "cells": cells}
 
 
-def markdown(data: dict[str, Any]) -> str:
+def markdown(data: dict[str, Any], title: str = "## Driver capacity (`bench_driver_capacity`)") -> str:
     cells, clients = data["cells"], data["clients"]
     header = ["conc.", "client", "req/s median", "req/s min-max", "TTFT p50 ms", "TTFT p95 ms", "E2E p50 ms",
               "E2E p95 ms", "client CPU ms/req", "server CPU ms/req", "req/conn", "errors"]
@@ -316,9 +319,10 @@ def markdown(data: dict[str, Any]) -> str:
                       tuner["rate_req_s_median"] / raw["rate_req_s_median"]])
     best = max(data["concurrencies"], key=lambda c: cells[f"tuner@{c}"]["rate_req_s_median"])
     m0, m1 = data["machine_before"], data["machine_after"]
+    code = _report.describe_code(data["code"]) if "code" in data else data.get("code_note", "")
     return "\n\n".join([
-        "## Driver capacity (`bench_driver_capacity`)",
-        f"Run {m0['date_utc']}. {_report.contention(m0, m1)} {_report.describe_code(data['code'])}",
+        title,
+        f"Run {m0['date_utc']}. {_report.contention(m0, m1)} {code}",
         f"{data['requests_per_run']} requests per run, {data['repeats']} repeats per "
         "client and concurrency, interleaved with the first client rotated. Instant server: its own process, "
         "plain asyncio, 3 text chunks + usage + [DONE] per request; request body about 4 KB. Latency "

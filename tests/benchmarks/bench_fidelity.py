@@ -233,7 +233,7 @@ def _pct(value: float, reference: float | None) -> float:
     return _report.pct_diff(value, reference) if reference else float("nan")
 
 
-def markdown(data: dict[str, Any]) -> str:
+def markdown(data: dict[str, Any], title: str = "## Fidelity against the engine (`bench_fidelity`)") -> str:
     runs, comps = data["runs"], data["comparisons"]
     run_rows = [
         [r["concurrency"], r["tool"], r["completed"], r["failed"], r["ttft_mean_ms"], r["server_ttft_mean_ms"],
@@ -252,12 +252,12 @@ def markdown(data: dict[str, Any]) -> str:
     m0, m1 = data["machine_before"], data["machine_after"]
     lens = data["prompt_tokens"]
     return "\n\n".join([
-        "## Fidelity against the engine (`bench_fidelity`)",
+        title,
         f"Run {m0['date_utc']}, vLLM {data['engine_version']} CPU build, booted in {data['boot_s']:.0f} s; "
         f"{data['requests']} rag requests (seed 0, prompts {min(lens)}-{max(lens)} tokens, 48 output tokens, "
         "ignore_eos, temperature 0) per tool and concurrency, the prefix cache reset before every run, tools "
         f"alternated. Logs and raw `vllm bench serve` JSON: `{data['logs']}`. {_report.contention(m0, m1)} "
-        f"{_report.describe_code(data['code'])}",
+        + (_report.describe_code(data["code"]) if "code" in data else data.get("code_note", "")),
         "Each run (server = the server's own TTFT histogram, sum/count deltas over that run):",
         _report.table(["conc.", "tool", "ok", "failed", "TTFT mean ms", "server TTFT mean ms", "server count",
                        "TTFT p50 ms", "TTFT p95 ms", "out tok/s", "duration s", "prompt tok", "output tok",

@@ -161,7 +161,7 @@ def _row(i: int, result: TrialResult, load: float, wall_s: float, left: list[str
     }  # fmt: skip
 
 
-def markdown(data: dict[str, Any]) -> str:
+def markdown(data: dict[str, Any], title: str = "## Noise across fresh boots (`bench_noise`)") -> str:
     rows = [[r["repeat"], r["failure"] or "ok", r["boot_s"], r["loadavg_1m"], r["ttft_p95_ms"], r["ttft_p50_ms"],
              r["ttft_mean_ms"], r["server_ttft_mean_ms"], r["output_throughput_tok_s"], r["prefix_cache_hit_rate"],
              len(r["processes_left"])] for r in data["repeats"]]  # fmt: skip
@@ -175,11 +175,11 @@ def markdown(data: dict[str, Any]) -> str:
     ]  # fmt: skip
     m0, m1 = data["machine_before"], data["machine_after"]
     return "\n\n".join([
-        "## Noise across fresh boots (`bench_noise`)",
+        title,
         f"Run {m0['date_utc']}: the vLLM {data['engine_version']} default trial as `tuner search --workload rag` "
         f"runs it ({data['workload']}; {data['requests']} requests), {len(data['repeats'])} fresh-boot repeats "
         f"through `tuner.trial.run_trial`. Logs: `{data['logs']}`. {_report.contention(m0, m1)}"
-        + (f" {_report.describe_code(data['code'])}" if "code" in data else ""),
+        + (f" {_report.describe_code(data['code'])}" if "code" in data else f" {data.get('code_note', '')}"),
         _report.table(["repeat", "result", "boot s", "load 1m", "TTFT p95 ms", "TTFT p50 ms", "TTFT mean ms",
                        "server TTFT mean ms", "out tok/s", "prefix hit rate", "procs left"], rows),  # fmt: skip
         _report.table(["metric", "mean", "std", "CV %", "95 % t-interval", "median", "min-max",
