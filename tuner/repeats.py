@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 
 from tuner.engines.base import Config
-from tuner.study import DEFAULT_KIND, feasible_pareto
+from tuner.study import DEFAULT_KIND, feasible_pareto, feasible_trials
 from tuner.trial import TrialContext, run_trial
 
 # Two-sided 95 % Student-t quantiles by degrees of freedom; beyond 30 the normal 1.96 is close enough.
@@ -51,14 +51,6 @@ def pick_finalists(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial
         tuned, key=lambda t: (t.number not in front, -float(t.user_attrs.get("metrics", {}).get(key) or 0.0))
     )
     return chosen[:k] + [t for t in feasible if t.user_attrs.get("config_kind") == DEFAULT_KIND]
-
-
-def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.user_attrs.get("constraint_violation", 1.0) <= 0
-    ]
 
 
 def config_of(trial: optuna.trial.FrozenTrial, enforce_eager: bool) -> Config:

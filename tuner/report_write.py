@@ -96,15 +96,15 @@ def launch_section(winner: optuna.trial.FrozenTrial | None) -> str:
 
 
 def write_report(study: optuna.Study, out_root: Path) -> Path:
-    ranked = list(importances(study))
+    found = importances(study)  # PED-ANOVA over every trial: computed once for both sections
     winner = winner_trial(study)
     attrs: dict[str, Any] = study.user_attrs
     about = {"workload": attrs.get("workload"), "model": attrs.get("model"),
              "hardware": (attrs.get("hardware") or {}).get("name"), "engines": attrs.get("engines")}  # fmt: skip
     facts = ", ".join(f"{k} {html.escape(str(v))}" for k, v in about.items())
     intro = f"<h1>Study {html.escape(study.study_name)}</h1><p>{facts}</p>"
-    sections = [pareto_section(study), cdf_section(study), importance_section(importances(study)),
-                best_vs_default_section(study), failure_map_section(study, ranked), acceptance_section(study),
+    sections = [pareto_section(study), cdf_section(study), importance_section(found),
+                best_vs_default_section(study), failure_map_section(study, list(found)), acceptance_section(study),
                 launch_section(winner)]  # fmt: skip
     out = out_root / safe_name(study.study_name)
     out.mkdir(parents=True, exist_ok=True)

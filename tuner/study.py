@@ -149,12 +149,17 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def feasible_pareto(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    complete = [
+def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """COMPLETE trials whose stored constraint says they served within bounds."""
+    return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if constraint_violation(t)[0] <= 0.0 and t.values is not None and all(map(math.isfinite, t.values))
+        if constraint_violation(t)[0] <= 0.0
     ]
+
+
+def feasible_pareto(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    complete = [t for t in feasible_trials(study) if t.values is not None and all(map(math.isfinite, t.values))]
     # Compare in "larger is better" terms, whatever each objective's direction.
     signs = [-1.0 if d == optuna.study.StudyDirection.MINIMIZE else 1.0 for d in study.directions]
     scored = [(t, [s * v for s, v in zip(signs, t.values or [], strict=True)]) for t in complete]
