@@ -15,6 +15,7 @@ from types import FrameType
 from typing import NoReturn
 
 from tuner.errors import ConfigError, TunerError
+from tuner.samplers import SAMPLERS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,17 +68,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model")
     s.add_argument("--draft-model", action="append", default=[], dest="drafts")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--requests", type=int, help="measured requests per trial (default 16; a trace: all of it)")
+    s.add_argument(
+        "--requests", type=int, help="measured requests per trial (default: 10 x a closed loop's concurrency, else 16)"
+    )
     _load_flags(s)
     s.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
     s.add_argument("--engines", type=_engine_list, help="comma-separated engines (default: the space's)")
     s.add_argument("--objective", default="pareto", help="pareto (TTFT p95 vs throughput), goodput or throughput")
     s.add_argument("--slo", help="e.g. ttft_p95_ms=500,tpot_p95_ms=50 (default: the workload preset's)")
+    s.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="how configs are proposed (default tpe)")
+    s.add_argument(
+        "--no-screen", dest="screen", action="store_false", help="boot every config, even one the memory screen rejects"
+    )
+    s.add_argument("--no-prune", dest="prune", action="store_false", help="let every trial's workload run to its end")
+    s.add_argument(
+        "--no-stress", dest="stress", action="store_false", help="skip the finalists' stress check at peak load"
+    )
 
     w = sub.add_parser("workload", help="write the exact requests a trial would send, with their statistics")
     w.add_argument("name", help="a preset (rag, agent, chat, json) or a trace file")
     w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--requests", type=int, help="measured requests (default 16; a trace: all of it)")
+    w.add_argument(
+        "--requests", type=int, help="measured requests (default: 10 x a closed loop's concurrency, else 16)"
+    )
     w.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     w.add_argument("--model", help="default: the generated models")
     w.add_argument("--space", type=Path, help="the search space whose max_model_len applies")

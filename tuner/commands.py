@@ -45,7 +45,8 @@ def search(args: argparse.Namespace) -> int:
     opts = _options(
         args, args.workload, study=args.study, storage=args.storage, trials=args.trials,
         finalists=args.finalists, repeats=args.repeats, timeout_s=args.timeout, drafts=args.drafts,
-        engines=args.engines, objective=args.objective,
+        engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
+        prune=args.prune, stress=args.stress,
     )  # fmt: skip
     run_search(opts, Progress())
     return 0
@@ -169,19 +170,18 @@ def report(args: argparse.Namespace) -> int:
 def dashboard(args: argparse.Namespace) -> int:
     import os
 
-    from optuna_dashboard import run_server
-
+    from tuner.dashboard import serve
     from tuner.study import open_storage, storage_url
 
     if not (args.storage or os.environ.get("TUNER_STORAGE") or args.study):
         raise ConfigError("dashboard needs --storage URL, $TUNER_STORAGE, or --study NAME for its SQLite file")
     url = storage_url(args.study or "", args.storage)
     storage = open_storage(url)  # opened here, so a bad URL is one line, not the dashboard's traceback
-    print(f"optuna-dashboard on http://{args.host}:{args.port}/dashboard for {url}", file=sys.stderr, flush=True)
+    print(f"study storage: {url}", file=sys.stderr, flush=True)
     try:
-        run_server(storage, host=args.host, port=args.port)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a user stops the dashboard
+        serve(storage, args.host, args.port)
+    except OSError as exc:
+        raise ConfigError(f"dashboard: cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
     return 0
 
 

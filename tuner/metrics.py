@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,24 @@ def summarize(result: DriveResult) -> dict[str, float]:
     summary.update(_percentiles("itl", [gap for r in ok for gap in _itl_ms(r)], (50, 95)))
     summary.update(_percentiles("e2e", e2e_ms, (50, 95)))
     return summary
+
+
+def request_row(r: RequestRecord, started_s: float) -> dict[str, Any]:
+    """One request as a small row, times in seconds after ``started_s``."""
+    return {
+        "sent_s": round(r.sent_s - started_s, 4),
+        "first_s": None if r.first_token_s is None else round(r.first_token_s - started_s, 4),
+        "done_s": None if r.done_s is None else round(r.done_s - started_s, 4),
+        "output_tokens": r.output_tokens,
+        "prompt_tokens": r.prompt_tokens,
+        "error": r.error,
+    }
+
+
+def request_log(drove: DriveResult) -> list[dict[str, Any]]:
+    """One row per request: enough to recompute any percentile, goodput under other SLOs, or the
+    running metrics a pruner saw (``tuner.pruning``)."""
+    return [request_row(r, drove.started_s) for r in drove.records]
 
 
 def _percentiles(prefix: str, values_ms: Sequence[float], qs: Sequence[int]) -> dict[str, float]:

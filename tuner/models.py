@@ -62,7 +62,7 @@ def default_models(engine_python: str, max_model_len: int) -> ModelSpec:
     return default_model_paths(max_model_len)
 
 
-def user_models(model: str, drafts: list[str], max_model_len: int) -> ModelSpec:
+def user_models(model: str, drafts: list[str], max_model_len: int, load_format: str | None = None) -> ModelSpec:
     """A model folder the user gave, with drafts named after their folders."""
     config = Path(model) / "config.json"
     if not config.exists():
@@ -72,4 +72,4 @@ def user_models(model: str, drafts: list[str], max_model_len: int) -> ModelSpec:
     for path in named.values():
         if not (Path(path) / "config.json").exists():
             raise ConfigError(f"--draft-model {path}: no config.json there")
-    return ModelSpec(path=model, drafts=named, max_model_len=min(max_model_len, int(context)))
+    return ModelSpec(model, named, min(max_model_len, int(context)), load_format)

@@ -31,7 +31,7 @@ def _env_or_none(adapter: EngineAdapter, where: str | None) -> EngineEnv | None:
 
 def _model(space: Space, model: str | None, drafts: list[str]) -> ModelSpec:
     if model is not None:
-        return models.user_models(model, drafts, space.static.max_model_len)
+        return models.user_models(model, drafts, space.static.max_model_len, space.static.load_format)
     return models.default_model_paths(space.static.max_model_len)
 
 

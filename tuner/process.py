@@ -44,6 +44,15 @@ def tail(path: Path, max_lines: int = 100, start: int = 0) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-max_lines:])
 
 
+def head(path: Path, max_bytes: int = 4 * 2**20) -> str:
+    """The start of a log file (where engines print their memory at boot); empty if it does not exist."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 class ServerProcess:
     """Start ``spec`` on enter, stop its whole process group on exit."""
 

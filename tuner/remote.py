@@ -20,8 +20,8 @@ from tuner.goodput import goodput, steady_throughput
 from tuner.metrics import histogram_mean_delta, summarize
 from tuner.preview import _model
 from tuner.search import SearchOptions, preset_slo, resolve_workload
+from tuner.serving import scrape_metrics
 from tuner.space import load_space
-from tuner.trial import scrape_metrics
 from tuner.workloads import source
 
 TTFT_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")

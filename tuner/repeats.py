@@ -7,7 +7,7 @@ every objective the tuner reports the mean, the 95 % Student-t interval and the 
 variation. The best config is declared the winner only when its interval on the deciding metric
 lies wholly above the runner-up's; otherwise the verdict is a tie that names both. Results live in
 the study's ``finalists`` and ``verdict`` user attributes (shown by optuna-dashboard, ``tuner
-trials`` and every export).
+trials`` and every export). Running them is ``tuner.finalists``; this module holds the statistics.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import optuna
 
 from tuner.engines.base import Config
 from tuner.study import DEFAULT_KIND, feasible_pareto, feasible_trials
-from tuner.trial import TrialContext, run_trial
 
 # Two-sided 95 % Student-t quantiles by degrees of freedom; beyond 30 the normal 1.96 is close enough.
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -59,28 +58,6 @@ def config_of(trial: optuna.trial.FrozenTrial, enforce_eager: bool) -> Config:
     return Config(attrs["engine"], dict(attrs.get("config", {})), enforce_eager, is_default)
 
 
-def run_repeats(study: optuna.Study, k: int, n: int, ctx: TrialContext, enforce_eager: bool) -> dict[str, Any]:
-    """Repeat the finalists, store ``finalists`` and ``verdict`` on the study, return the verdict."""
-    finalists = []
-    for trial in pick_finalists(study, k):
-        runs = [run_trial(trial.number, config_of(trial, enforce_eager), ctx, repeat=i + 1) for i in range(n)]
-        served = [r for r in runs if r.failure is None]
-        stats = {m: interval([r.metrics[m] for r in served]) for m in REPORTED if served and m in served[0].metrics}
-        finalists.append(
-            {
-                "trial": trial.number,
-                "config_kind": trial.user_attrs.get("config_kind"),
-                "failures": [r.failure for r in runs if r.failure is not None],
-                "stats": stats,
-                "ttft_samples_ms": sorted(x for r in served for x in r.ttft_samples_ms),
-            }
-        )
-    study.set_user_attr("finalists", finalists)
-    verdict = judge(finalists, decider(study))
-    study.set_user_attr("verdict", verdict)
-    return verdict
-
-
 def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The winner when its interval separates from the runner-up's; a tie otherwise."""
     ranked = sorted(
@@ -99,6 +76,12 @@ def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def describe_verdict(verdict: dict[str, Any]) -> str:
+    failed = verdict.get("stress_failed") or []
+    text = _verdict_text(verdict)
+    return text + (f"; failed the stress check: trials {', '.join(map(str, failed))}" if failed else "")
+
+
+def _verdict_text(verdict: dict[str, Any]) -> str:
     trials = ", ".join(str(t) for t in verdict["trials"])
     if verdict["kind"] == "winner":
         return f"verdict: trial {trials} wins on {verdict['metric']} (its 95 % interval clears the runner-up's)"

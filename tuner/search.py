@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,15 +15,18 @@ from tuner.engines import ADAPTERS
 from tuner.engines.base import Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe
 from tuner.errors import ConfigError
+from tuner.finalists import run_finalists
+from tuner.grid import grid_points, shuffled
 from tuner.naming import safe_name
+from tuner.objective import SearchObjective
 from tuner.objectives import check_objective
 from tuner.progress import Progress
-from tuner.repeats import describe_verdict, run_repeats
-from tuner.space import Space, load_space, suggest
-from tuner.study import DEFAULT_KIND, bind_study_attrs, enqueue_defaults, open_study, record, storage_url
+from tuner.repeats import describe_verdict
+from tuner.space import Space, load_space
+from tuner.study import bind_study_attrs, enqueue_defaults, open_study, storage_url
 from tuner.summary import trials_table
 from tuner.telemetry import gpu_visible
-from tuner.trial import TrialContext, run_trial
+from tuner.trial import TrialContext
 from tuner.workloads import source, workload_for_model
 from tuner.workloads.base import Workload
 from tuner.workloads.trace import Trace
@@ -45,7 +49,7 @@ class SearchOptions:
     seed: int = 0
     engine_envs: dict[str, str] = field(default_factory=dict)
     engines: list[str] | None = None
-    requests: int | None = None  # None: 16 for a preset, the whole file for a trace
+    requests: int | None = None  # None: a preset's default_requests, the whole file for a trace
     concurrency: int | None = None
     rate: float | None = None  # open loop at this many requests (or sessions) per second
     burstiness: float | None = None
@@ -53,6 +57,10 @@ class SearchOptions:
     boot_deadline_s: float = 300.0
     objective: str = "pareto"
     slo: dict[str, float] | None = None  # None: the workload preset's default SLOs
+    sampler: str = "tpe"
+    screen: bool = True  # the pre-boot memory screen (tuner.memory)
+    prune: bool = True  # stop trials clearly worse than the feasible ones so far (tuner.pruning)
+    stress: bool = True  # the stress check of the finalists before a winner is named (tuner.stress)
 
 
 def resolve_engines(
@@ -92,7 +100,7 @@ def resolve_models(opts: SearchOptions, space: Space, env: EngineEnv) -> ModelSp
         if opts.drafts:
             raise ConfigError("--draft-model needs --model: the generated default target has its own drafts")
         return models.default_models(env.python, space.static.max_model_len)
-    return models.user_models(opts.model, opts.drafts, space.static.max_model_len)
+    return models.user_models(opts.model, opts.drafts, space.static.max_model_len, space.static.load_format)
 
 
 def resolve_workload(opts: SearchOptions, model: ModelSpec, given: str | Trace | None = None) -> Workload:
@@ -162,6 +170,37 @@ def study_attrs(
     }
 
 
+MAX_TRIALS_PER_BOOT = 4  # screened configs are free, but a space that is all infeasible must still end
+
+
+def run_until_booted(study: optuna.Study, objective: SearchObjective, boots: int, timeout_s: float | None) -> None:
+    """Run trials until ``boots`` of them booted an engine (screened ones do not count), the
+    timeout passes, or MAX_TRIALS_PER_BOOT x ``boots`` trials were made."""
+
+    def enough(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if objective.boots >= boots:
+            study.stop()
+
+    study.optimize(objective, n_trials=boots * MAX_TRIALS_PER_BOOT, timeout=timeout_s, callbacks=[enough])
+
+
+def enqueue_grid(study: optuna.Study, space: Space, engines: list[str], drafts: list[str], seed: int) -> None:
+    """``--sampler grid``: every distinct config not yet in the study, in a seeded order."""
+    done = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False)]
+    for point in shuffled(grid_points(space, engines, drafts), seed):
+        if point not in done:
+            study.enqueue_trial(point, user_attrs={"config_kind": "sampled"})
+
+
+def free_memory(device: Device) -> Callable[[], int | None]:
+    """The GPU's free bytes at the moment a trial is screened (None on the CPU build)."""
+    if device.kind == "cpu":
+        return lambda: None
+    from tuner.telemetry import gpu_free_bytes
+
+    return gpu_free_bytes
+
+
 def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
     if opts.trials is not None and opts.trials < 1:
         raise ConfigError(f"--trials must be at least 1, got {opts.trials}")
@@ -176,9 +215,11 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
     slo = opts.slo if opts.slo is not None else preset_slo(workload)
     check_objective(opts.objective, slo)
     name = opts.study or f"{workload.name}-{'-'.join(engines)}"
-    study = open_study(name, storage_url(name, opts.storage), opts.seed, opts.objective)
+    study = open_study(name, storage_url(name, opts.storage), opts.seed, opts.objective, opts.sampler)
     bind_study_attrs(study, study_attrs(opts, space, engines, device, model, workload, slo))
     enqueue_defaults(study, list(engines))
+    if opts.sampler == "grid":
+        enqueue_grid(study, space, list(engines), list(model.drafts), opts.seed)
     log_dir = opts.log_dir.resolve() / safe_name(name)
     ctx = TrialContext(engines, model, device, workload, log_dir, progress, opts.boot_deadline_s, slo)
     progress.line(
@@ -186,19 +227,16 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         f"on {device.name}; workload {workload.name} ({workload.description})"
     )
 
-    def objective(trial: optuna.Trial) -> list[float]:
-        is_default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
-        if not is_default:
-            trial.set_user_attr("config_kind", "sampled")
-        config = suggest(trial, space, list(engines), list(model.drafts), is_default)
-        return record(trial, run_trial(trial.number, config, ctx), opts.objective, slo)
-
-    study.optimize(objective, n_trials=plan.trials, timeout=opts.timeout_s)
-    if plan.repeats > 0:
+    objective = SearchObjective(
+        study, space, ctx, opts.objective, screen=opts.screen, prune=opts.prune, free_memory=free_memory(device)
+    )
+    run_until_booted(study, objective, plan.trials, opts.timeout_s)
+    if plan.repeats > 0 or opts.stress:
         progress.line(
             f"finalists: {plan.finalists} best feasible configs and the engine default, {plan.repeats} fresh boots each"
+            + (", the last with the stress check" if opts.stress else "")
         )
-        verdict = run_repeats(study, plan.finalists, plan.repeats, ctx, space.static.enforce_eager)
+        verdict = run_finalists(study, plan.finalists, plan.repeats, ctx, space.static.enforce_eager, opts.stress)
         progress.line(describe_verdict(verdict))
     progress.line(trials_table(study))
     return study

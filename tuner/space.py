@@ -64,6 +64,28 @@ class FractionRange(_Strict):
         return self
 
 
+class FractionChoices(_Strict):
+    choices: list[StrictFloat] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _fractions(cls, choices: list[float]) -> list[float]:
+        if any(not 0.0 < c <= 1.0 for c in choices):
+            raise ValueError("choices must be fractions in (0, 1]")
+        return choices
+
+
+class CountChoices(_Strict):
+    choices: list[StrictInt] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _non_negative(cls, choices: list[int]) -> list[int]:
+        if any(c < 0 for c in choices):
+            raise ValueError("choices must be integers of at least 0")
+        return choices
+
+
 class PositiveChoices(_Strict):
     choices: list[StrictInt] = Field(min_length=1)
 
@@ -78,8 +100,8 @@ class PositiveChoices(_Strict):
 class Parameters(_Strict):
     chunk_size: PositiveChoices | None = None
     max_num_seqs: PositiveChoices | None = None
-    memory_fraction: FractionRange | None = None
-    num_speculative_tokens: IntRange | None = None
+    memory_fraction: FractionRange | FractionChoices | None = None
+    num_speculative_tokens: IntRange | CountChoices | None = None
     draft_model: Choices | None = None  # names; left out: every draft the model spec offers
 
 
@@ -87,6 +109,8 @@ class Static(_Strict):
     max_model_len: int = Field(default=2048, gt=0)
     enforce_eager: bool = True  # CPU boots take 30 s instead of 64
     cpu_memory_budget_mib: int = Field(default=32, gt=0)
+    # "dummy": random weights from config.json alone, for shapes whose weights cannot be had here
+    load_format: str | None = None
 
 
 class Space(_Strict):
@@ -137,7 +161,9 @@ def suggest(
         choices: Choices | None = getattr(p, key)
         if choices is not None:
             params[key] = trial.suggest_categorical(name(key), choices.choices)
-    if p.memory_fraction is not None:
+    if isinstance(p.memory_fraction, FractionChoices):
+        params["memory_fraction"] = trial.suggest_categorical(name("memory_fraction"), p.memory_fraction.choices)
+    elif p.memory_fraction is not None:
         r = p.memory_fraction
         fraction = trial.suggest_float(name("memory_fraction"), r.low, r.high, step=r.step)
         params["memory_fraction"] = round(fraction, 6)  # 0.30000000000000004 from the step grid
@@ -149,7 +175,11 @@ def _suggest_speculation(trial: optuna.Trial, p: Parameters, drafts: Sequence[st
     choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
     if p.num_speculative_tokens is None or not choices:
         return {}  # nothing to speculate with: not tuned, so no trial claims a K it never ran
-    k = trial.suggest_int(name("num_speculative_tokens"), p.num_speculative_tokens.low, p.num_speculative_tokens.high)
+    ks = p.num_speculative_tokens
+    if isinstance(ks, CountChoices):
+        k = int(trial.suggest_categorical(name("num_speculative_tokens"), ks.choices))
+    else:
+        k = trial.suggest_int(name("num_speculative_tokens"), ks.low, ks.high)
     if k == 0:
         return {"num_speculative_tokens": 0}
     return {

@@ -21,7 +21,8 @@ import sqlalchemy.exc
 
 from tuner import objectives
 from tuner.errors import ConfigError, StorageError
-from tuner.trial import MAX_ERROR_RATE, TrialResult
+from tuner.outcome import MAX_ERROR_RATE, TrialResult
+from tuner.pruning import checkpoints
 
 DIRECTIONS = objectives.directions("pareto")  # TTFT p95 (minimise), output throughput (maximise)
 DEFAULT_KIND = "engine_default"
@@ -44,18 +45,18 @@ def constraint_violation(ft: optuna.trial.FrozenTrial) -> list[float]:
     return [float(ft.user_attrs.get("constraint_violation", 1.0))]
 
 
-def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
-    return optuna.samplers.TPESampler(seed=seed)
+def open_study(
+    name: str, storage: str, seed: int | None, objective: str = "pareto", sampler: str = "tpe"
+) -> optuna.Study:
+    from tuner.samplers import make_sampler
 
-
-def open_study(name: str, storage: str, seed: int | None, objective: str = "pareto") -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.create_study(
             study_name=name,
             storage=storage,
             directions=objectives.directions(objective),
-            sampler=make_sampler(seed),
+            sampler=make_sampler(sampler, seed),
             load_if_exists=True,
         )
     except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
@@ -137,6 +138,12 @@ def record(
         "log_tail": result.log_tail[-10000:],
         "warnings": result.warnings,
         "ttft_samples_ms": result.ttft_samples_ms,
+        "request_log": result.request_log,
+        "checkpoints": checkpoints(result.request_log, slo or {}) if result.failure is None else {},
+        "phases_s": result.phases_s,
+        "pruned": result.pruned,
+        "memory_estimate": result.memory_estimate,
+        "memory_facts": result.memory_facts,
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, json.loads(json.dumps(value)))
@@ -149,12 +156,20 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def stress_failures(study: optuna.Study) -> dict[int, str]:
+    """Trials whose stress check failed (``tuner.stress``), with the class it earned."""
+    checks = study.user_attrs.get("stress") or {}
+    return {int(n): c["failure"] for n, c in checks.items() if c.get("failure")}
+
+
 def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """COMPLETE trials whose stored constraint says they served within bounds."""
+    """COMPLETE trials whose stored constraint says they served within bounds, less those that
+    failed their stress check: a config that breaks at peak load is never on the front or exported."""
+    failed = stress_failures(study)
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if constraint_violation(t)[0] <= 0.0
+        if constraint_violation(t)[0] <= 0.0 and t.number not in failed
     ]
 
 

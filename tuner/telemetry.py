@@ -45,6 +45,23 @@ def gpu_used_bytes(indices: list[int] | None = None) -> int:
         pynvml.nvmlShutdown()
 
 
+def gpu_free_bytes(index: int = 0) -> int | None:
+    """Free memory of one GPU now (None when pynvml cannot read it): vLLM refuses to start when it
+    is below its memory fraction's share, which the memory screen checks before booting."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).free)
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class MemorySampler:
     """A background thread that keeps the peak of ``read()`` until the ``with`` block ends."""
 

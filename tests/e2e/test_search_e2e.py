@@ -1,9 +1,10 @@
 """End to end on the real vLLM CPU build: search, record, export, check, and serve the export.
 
-One 3-trial study is shared by the tests of this module (every boot costs about 40 s):
+One study of 3 boots is shared by the tests of this module (every boot costs about 20-40 s):
 trial 0 is enqueued with a KV-cache share too small for the max model length, so it must fail at
-boot as ``kv_insufficient`` and the study must go on; trial 1 is the engine's default config; trial
-2 is sampled.
+boot as ``kv_insufficient`` and the study must go on; trial 1 asks for an even smaller share, which
+the memory screen must then reject without booting; trial 2 is the engine's default config; trial 3
+is sampled. The finalists' last repeats run the stress check.
 """
 
 from __future__ import annotations
@@ -37,15 +38,16 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def study(storage: str) -> optuna.Study:
     pre = optuna.create_study(study_name=STUDY, storage=storage, directions=DIRECTIONS)
-    pre.enqueue_trial(
-        {
-            "engine": "vllm",
-            "vllm.chunk_size": 512,
-            "vllm.max_num_seqs": 4,
-            "vllm.memory_fraction": 0.1,
-            "vllm.num_speculative_tokens": 0,
-        }
-    )
+    for fraction in (0.2, 0.15):
+        pre.enqueue_trial(
+            {
+                "engine": "vllm",
+                "vllm.chunk_size": 512,
+                "vllm.max_num_seqs": 4,
+                "vllm.memory_fraction": fraction,
+                "vllm.num_speculative_tokens": 0,
+            }
+        )
     done = tuner(
         "search",
         "--workload",
@@ -73,20 +75,38 @@ def study(storage: str) -> optuna.Study:
     return optuna.load_study(study_name=STUDY, storage=storage)
 
 
+def _searched(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials() if t.user_attrs.get("config_kind") != "stress_check"]
+
+
 def test_kv_too_small_is_recorded_infeasible_and_the_study_goes_on(study: optuna.Study) -> None:
-    trials = study.get_trials()
-    assert len(trials) == 3
+    trials = _searched(study)
+    assert len(trials) == 4
     failed = trials[0]
     assert failed.state == optuna.trial.TrialState.COMPLETE
     assert failed.user_attrs["failure"] == "kv_insufficient"
     assert failed.user_attrs["constraint_violation"] > 0
     assert "KV cache is needed" in failed.user_attrs["log_tail"]
     assert failed.values == [math.inf, 0.0]
+    # vLLM's own figure: the longest model length that would have fit in 0.2 x 32 MiB
+    assert 0 < failed.user_attrs["memory_facts"]["max_len_fit"] < 2048
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials[1:])
 
 
+def test_the_screen_learns_from_the_real_failure_and_boots_nothing(study: optuna.Study) -> None:
+    screened = _searched(study)[1]
+    assert screened.user_attrs["failure"] == "screened" and screened.user_attrs["constraint_violation"] > 0
+    estimate = screened.user_attrs["memory_estimate"]
+    assert estimate["fits"] is False and "0.2 ran out of memory" in estimate["basis"]
+    assert not Path(screened.user_attrs["log_path"] or "/nonexistent").exists(), "no engine was started"
+    booted = [t for t in _searched(study) if t.user_attrs["failure"] != "screened"]
+    assert len(booted) == 3, "--trials 3 counts boots"
+    served = [t for t in booted if t.user_attrs["failure"] is None]
+    assert all(t.user_attrs["memory_facts"]["kv_tokens"] > 2048 for t in served), "vLLM's KV cache size, read"
+
+
 def test_default_config_is_enqueued_and_measured(study: optuna.Study) -> None:
-    default = study.get_trials()[1]
+    default = _searched(study)[2]
     assert default.user_attrs["config_kind"] == "engine_default"
     assert default.params == {"engine": "vllm"}
     assert not any(a.startswith("--max-num-batched-tokens") for a in default.user_attrs["argv"])
@@ -114,19 +134,31 @@ def test_feasible_trials_carry_finite_metrics_and_attributes(study: optuna.Study
 def test_trials_command_prints_the_table(study: optuna.Study, storage: str) -> None:
     done = tuner("trials", "--study", STUDY, "--storage", storage)
     assert done.returncode == 0, done.stderr
-    assert "kv_insufficient" in done.stdout and "engine defaults" in done.stdout
-    assert len(done.stdout.splitlines()) == 1 + 3 + 2  # header, trials, legend, verdict
+    assert "kv_insufficient" in done.stdout and "engine defaults" in done.stdout and "screened" in done.stdout
+    assert len(done.stdout.splitlines()) == 1 + len(study.trials) + 2  # header, trials, legend, verdict
     assert "verdict: " in done.stdout and " n=1" in done.stdout
 
 
 def test_finalists_are_repeated_on_fresh_boots(study: optuna.Study) -> None:
     finalists = study.user_attrs["finalists"]
-    assert 1 in [f["trial"] for f in finalists], "the engine default is always repeated as the reference"
+    assert 2 in [f["trial"] for f in finalists], "the engine default is always repeated as the reference"
     for f in finalists:
         assert f["failures"] == [] and f["stats"]["output_throughput_tok_s"]["n"] == 1
         assert f["stats"]["ttft_p95_ms"]["mean"] > 0 and f["ttft_samples_ms"]
     # one repeat each cannot separate two configs: the verdict must not crown a winner
-    assert study.user_attrs["verdict"]["kind"] in ("tie", "sole")
+    assert study.user_attrs["verdict"]["kind"] in ("tie", "sole", "none")
+
+
+def test_finalists_are_stress_checked_at_peak_load_on_their_last_repeat(study: optuna.Study) -> None:
+    checks = study.user_attrs["stress"]
+    assert {int(n) for n in checks} >= {f["trial"] for f in study.user_attrs["finalists"]}
+    for check in checks.values():
+        assert check["ran"] and check["concurrency"] == 4 and check["prompt_tokens"] > 800
+        assert check["n_requests"] == 8 and check["error_rate"] == 0.0
+        assert check["failure"] in (None, "slo_collapse"), check
+    failed = [int(n) for n, c in checks.items() if c["failure"]]
+    marked = [t.user_attrs["stress_of"] for t in study.trials if t.user_attrs.get("config_kind") == "stress_check"]
+    assert sorted(marked) == sorted(failed)
 
 
 def test_report_renders_in_a_real_browser(study: optuna.Study, storage: str, tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
   ``spec_acceptance_rate``, ``spec_mean_accept_len``, ``preemptions``, ``prefix_cache_hit_rate``,
   ``server_ttft_mean_ms`` (None where the engine did not report it).
 * ``default_params(device)`` names the engine's defaults for the enqueued baseline trial.
+* ``default_memory_fraction`` is the share of device memory the engine takes when no memory
+  fraction is given (None: the engine derives it itself), and ``kv_tokens_required(model)`` the KV
+  cache in tokens below which it refuses to start; the memory screen (``tuner.memory``) uses both.
 """
 
 from __future__ import annotations
@@ -80,6 +83,10 @@ class EngineAdapter(abc.ABC):
     needs_gpu: bool = False  # an engine with no CPU build is left out of studies on a machine without a GPU
     ttft_histogram: str = ""
     failure_signatures: tuple[tuple[str, str], ...] = ()
+    default_memory_fraction: float | None = None
+
+    def kv_tokens_required(self, model: ModelSpec) -> int:
+        return 1  # any positive KV pool
 
     def check_version(self, version: str) -> None:
         if not any(version == v or version.startswith(v + ".") for v in self.supported_versions):

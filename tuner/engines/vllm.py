@@ -39,6 +39,11 @@ class VllmAdapter(EngineAdapter):
     health_path = "/health"
     ttft_histogram = "vllm:time_to_first_token_seconds"
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
+    default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
+
+    def kv_tokens_required(self, model: ModelSpec) -> int:
+        # "To serve at least one request with the model's max seq len": vLLM refuses to start below it
+        return model.max_model_len
 
     def launch(
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str

@@ -33,7 +33,15 @@ __all__ = [
 ]
 
 WORKLOADS: dict[str, Preset] = {p.name: p for p in (rag.PRESET, agent.PRESET, chat.PRESET, structured.PRESET)}
-DEFAULT_REQUESTS = 16
+DEFAULT_REQUESTS = 16  # open loop; a closed loop gets REQUESTS_PER_SLOT x its concurrency if that is more
+REQUESTS_PER_SLOT = 10  # "at least 10 x concurrency requests" (vLLM's and AIPerf's practice)
+
+
+def default_requests(arrival: Arrival) -> int:
+    """Measured requests of a preset when ``--requests`` is not given."""
+    if arrival.open_loop or arrival.concurrency is None:
+        return DEFAULT_REQUESTS
+    return max(DEFAULT_REQUESTS, REQUESTS_PER_SLOT * arrival.concurrency)
 
 
 def source(name: str) -> str | Trace:
@@ -60,7 +68,7 @@ def build_workload(
     burstiness: float | None = None,
     n_warmup: int = 2,
 ) -> Workload:
-    """Build a preset (``n_requests`` None: 16) or a trace (None: all of it) for one tokenizer."""
+    """Build a preset (``n_requests`` None: ``default_requests``) or a trace (None: all of it)."""
     if n_requests is not None and n_requests < 1:
         raise ConfigError(f"--requests must be at least 1, got {n_requests}")
     if isinstance(name, Trace):
@@ -70,7 +78,7 @@ def build_workload(
     if preset is None:
         raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
     arrival = override(preset.arrival, concurrency, rate, burstiness)
-    drafted = preset.make(tokenizer, seed, n_requests or DEFAULT_REQUESTS, max_model_len, n_warmup)
+    drafted = preset.make(tokenizer, seed, n_requests or default_requests(arrival), max_model_len, n_warmup)
     return assemble(preset.name, seed, drafted, arrival, preset.slo)
 
 

@@ -1,0 +1,97 @@
+"""The finalists' stress check, with scripted runs in place of engines (the real path: tests/e2e)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner import finalists
+from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
+from tuner.outcome import TrialContext, TrialResult
+from tuner.progress import Quiet
+from tuner.study import DEFAULT_KIND, DIRECTIONS, feasible_pareto, feasible_trials, record
+from tuner.workloads.base import Workload
+
+SLO = {"ttft_p95_ms": 2000.0}
+SPEC = LaunchSpec("vllm", ("python3", "-m", "vllm.entrypoints.openai.api_server"), {}, 8000, "/health", "m")
+
+
+def _metrics(ttft: float, tok_s: float) -> dict[str, float]:
+    return {"ttft_p95_ms": ttft, "output_throughput_tok_s": tok_s, "goodput_req_s": tok_s / 48, "error_rate": 0.0,
+            "tpot_p95_ms": 20.0}  # fmt: skip
+
+
+# trial number -> (its trial's metrics, its stress run's TTFT p95, or None when the stress run crashes)
+PLAN: dict[int, tuple[dict[str, float], float | None]] = {
+    0: (_metrics(900.0, 100.0), 1500.0),  # the engine default
+    1: (_metrics(400.0, 200.0), 9000.0),  # the best config, which queues at peak: slo_collapse
+    2: (_metrics(500.0, 180.0), 1200.0),  # the runner-up, which holds
+    3: (_metrics(450.0, 150.0), None),  # dies at peak: oom_load
+}
+
+
+@pytest.fixture
+def study() -> optuna.Study:
+    study = optuna.create_study(directions=DIRECTIONS)
+    study.set_user_attr("slo", SLO)
+    for number, (metrics, _) in PLAN.items():
+        kind = DEFAULT_KIND if number == 0 else "sampled"
+        fixed = {"engine": "vllm"} | ({} if number == 0 else {"vllm.chunk_size": 512 * number})
+        study.enqueue_trial(fixed, user_attrs={"config_kind": kind})
+        trial = study.ask()
+        trial.suggest_categorical("engine", ["vllm"])
+        params = {} if number == 0 else {"chunk_size": trial.suggest_categorical("vllm.chunk_size", [512, 1024, 1536])}
+        result = TrialResult(Config("vllm", params), SPEC, "0.32.0", metrics=metrics)
+        study.tell(trial, record(trial, result, "pareto", SLO))
+    return study
+
+
+def _scripted(number: int, config: Config, ctx: TrialContext, repeat: int | None = None, stress: bool = False,
+              **_: Any) -> TrialResult:  # fmt: skip
+    metrics, peak = PLAN[number]
+    result = TrialResult(config, SPEC, "0.32.0", metrics=dict(metrics))
+    if stress:
+        alive = peak is not None
+        m = {"ttft_p95_ms": peak or float("nan"), "e2e_p95_ms": (peak or 0) + 500, "error_rate": 0.0 if alive else 1.0}
+        log = "" if alive else "torch.OutOfMemoryError: CUDA out of memory"
+        result.stress = {"metrics": m, "alive": alive, "killed": False, "log": log, "prompt_tokens": 996,
+                         "concurrency": 4, "cache_reset": True}  # fmt: skip
+    return result
+
+
+@pytest.fixture
+def ctx(tmp_path: Any) -> TrialContext:
+    workload = Workload("rag", 0, (), (), 4, "test")
+    return TrialContext({}, ModelSpec("m"), Device("cpu", "cpu", 1), workload, tmp_path, Quiet(), slo=SLO)
+
+
+def test_configs_that_break_at_peak_are_marked_and_left_out(study: optuna.Study, ctx: TrialContext,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(finalists, "run_trial", _scripted)
+    verdict = finalists.run_finalists(study, k=3, n=2, ctx=ctx, enforce_eager=True)
+    checks = study.user_attrs["stress"]
+    assert checks["1"]["failure"] == "slo_collapse" and checks["3"]["failure"] == "oom_load"
+    assert checks["2"]["failure"] is None and checks["0"]["failure"] is None and checks["2"]["ran"]
+    feasible = {t.number for t in feasible_trials(study)}
+    assert feasible == {0, 2}, "a config that breaks at peak is never feasible"
+    assert {t.number for t in feasible_pareto(study)} <= {0, 2}
+    added = [t for t in study.trials if t.user_attrs.get("config_kind") == "stress_check"]
+    assert sorted((t.user_attrs["stress_of"], t.user_attrs["failure"]) for t in added) == [
+        (1, "slo_collapse"),
+        (3, "oom_load"),
+    ]
+    assert all(t.constraints["failure_or_error_rate"] > 0 for t in added), "the sampler learns the region breaks"
+    assert verdict["stress_failed"] == [1, 3] and 1 not in verdict["trials"]
+    assert {f["trial"] for f in study.user_attrs["finalists"]} == {0, 1, 2, 3}
+
+
+def test_when_every_finalist_breaks_the_next_config_is_checked(study: optuna.Study, ctx: TrialContext,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(finalists, "run_trial", _scripted)
+    finalists.run_finalists(study, k=1, n=0, ctx=ctx, enforce_eager=True)  # only trial 1, which collapses
+    checks = study.user_attrs["stress"]
+    assert checks["1"]["failure"] == "slo_collapse"
+    assert checks["2"]["failure"] is None, "the next config (trial 2) was checked and passed"
+    assert "3" not in checks, "checking stops at the first config that passes"

