@@ -15,6 +15,15 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 
+# The Compose Specification's JSON schema, which the compose-export test validates against: it ships
+# inside the docker-compose 1.29.2 wheel (only the schema is taken; nothing of it is installed).
+if [ ! -s .cache/schemas/compose_spec.json ]; then
+  mkdir -p .cache/schemas
+  .venv/bin/python -m pip download -q --no-deps -d .cache/schemas docker-compose==1.29.2
+  .venv/bin/python -c "import glob, zipfile; whl = glob.glob('.cache/schemas/docker_compose-1.29.2-*.whl')[0]; \
+open('.cache/schemas/compose_spec.json', 'wb').write(zipfile.ZipFile(whl).read('compose/config/compose_spec.json'))"
+fi
+
 # install_engine ENGINE DISTRIBUTION PIP_SPEC: a venv at $ENGINES/ENGINE holding PIP_SPEC, kept when
 # the distribution is already there at the pinned version.
 install_engine() {

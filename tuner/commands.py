@@ -38,16 +38,34 @@ def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> Sea
     return opts
 
 
+def _search_options(args: argparse.Namespace, **extra: Any) -> SearchOptions:
+    from tuner.placement import parse_gpus
+
+    return _options(
+        args, args.workload, study=args.study, storage=args.storage, trials=args.trials,
+        finalists=args.finalists, repeats=args.repeats, timeout_s=args.timeout, drafts=args.drafts,
+        engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
+        prune=args.prune, stress=args.stress, gpus=parse_gpus(args.gpus) if args.gpus else None,
+        gpus_per_trial=args.gpus_per_trial, **extra,
+    )  # fmt: skip
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Join a study's fleet: what the flags leave out comes from the study (``tuner.worker``)."""
+    from tuner.progress import Progress
+    from tuner.search import run_search
+    from tuner.worker import fill_from_study
+
+    fill_from_study(args)
+    run_search(_search_options(args, worker=True, space_dump=args.space_dump), Progress())
+    return 0
+
+
 def search(args: argparse.Namespace) -> int:
     from tuner.progress import Progress
     from tuner.search import run_search
 
-    opts = _options(
-        args, args.workload, study=args.study, storage=args.storage, trials=args.trials,
-        finalists=args.finalists, repeats=args.repeats, timeout_s=args.timeout, drafts=args.drafts,
-        engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
-        prune=args.prune, stress=args.stress,
-    )  # fmt: skip
+    opts = _search_options(args)
     run_search(opts, Progress())
     return 0
 
@@ -118,44 +136,53 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
-def check(args: argparse.Namespace) -> int:
-    from tuner.check import check_argvs
+def _read_launch_file(path: Path) -> tuple[str, list[str], str | None]:
+    """The engine module, its args and (for a manifest) its Python, of any exported launch file."""
     from tuner.deploy import read_container_args
-    from tuner.engines import ADAPTERS
-    from tuner.engines.env import probe
     from tuner.export import read_sh
     from tuner.launchers import read_launcher
 
-    path: Path = args.file
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    if path.suffix == ".json":
-        try:
+    try:
+        if path.suffix == ".json":
             m = json.loads(text)
-            module, argv, python = m["module"], list(m["argv"]), m["python"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ExportError(f"{path}: not a manifest written by tuner export ({type(exc).__name__}: {exc})") from exc
-    elif path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS) or vLLM's module
-        (module, argv), python = read_launcher(text), None
-    elif path.suffix in (".yaml", ".yml"):  # docker compose or Kubernetes
-        (module, argv), python = read_container_args(text), None
-    else:
-        module, argv = read_sh(text)
-        python = None
-    engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
-    if engine is None:
-        raise ExportError(f"{path}: unknown engine module {module}")
-    where = args.engine_env or python
-    env = probe(ADAPTERS[engine](), Path(where) if where else None)
-    verdict = check_argvs(env, [argv])[0]
-    if not verdict["ok"]:
-        print(f"{path}: rejected by {engine} {env.version}: {verdict['error']}", file=sys.stderr)
-        return 1
-    speculative = "on" if verdict["speculative"] else "off"
-    print(f"{path}: accepted by {engine} {env.version} (speculative decoding: {speculative})")
-    return 0
+            return m["module"], list(m["argv"]), m["python"]
+        if path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS) or vLLM's module
+            return (*read_launcher(text), None)
+        if path.suffix in (".yaml", ".yml"):  # docker compose or Kubernetes
+            return (*read_container_args(text), None)
+        return (*read_sh(text), None)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExportError(f"{path}: not a file written by tuner export ({type(exc).__name__}: {exc})") from exc
+
+
+def check(args: argparse.Namespace) -> int:
+    """Every file's command through its engine's parser: one parser run per engine environment."""
+    from tuner.check import check_argvs
+    from tuner.engines import ADAPTERS
+    from tuner.engines.env import probe
+
+    groups: dict[tuple[str, str | None], list[tuple[Path, list[str]]]] = {}
+    for path in args.files:
+        module, argv, python = _read_launch_file(path)
+        engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
+        if engine is None:
+            raise ExportError(f"{path}: unknown engine module {module}")
+        groups.setdefault((engine, args.engine_env or python), []).append((path, argv))
+    rejected = 0
+    for (engine, where), files in groups.items():
+        env = probe(ADAPTERS[engine](), Path(where) if where else None)
+        for (path, _), verdict in zip(files, check_argvs(env, [argv for _, argv in files]), strict=True):
+            if not verdict["ok"]:
+                rejected += 1
+                print(f"{path}: rejected by {engine} {env.version}: {verdict['error']}", file=sys.stderr)
+            else:
+                speculative = "on" if verdict["speculative"] else "off"
+                print(f"{path}: accepted by {engine} {env.version} (speculative decoding: {speculative})")
+    return 1 if rejected else 0
 
 
 def report(args: argparse.Namespace) -> int:
@@ -177,7 +204,9 @@ def dashboard(args: argparse.Namespace) -> int:
         raise ConfigError("dashboard needs --storage URL, $TUNER_STORAGE, or --study NAME for its SQLite file")
     url = storage_url(args.study or "", args.storage)
     storage = open_storage(url)  # opened here, so a bad URL is one line, not the dashboard's traceback
-    print(f"study storage: {url}", file=sys.stderr, flush=True)
+    from tuner.storage import redacted
+
+    print(f"study storage: {redacted(url)}", file=sys.stderr, flush=True)
     try:
         serve(storage, args.host, args.port)
     except OSError as exc:
@@ -187,6 +216,7 @@ def dashboard(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "search": search,
+    "worker": worker,
     "plan": plan,
     "drive": drive,
     "report": report,

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from tuner.sse import RequestRecord, send
+from tuner.transport import StreamTransport
 from tuner.workloads.base import Request
 
 __all__ = ["DriveResult", "RequestRecord", "drive", "drive_sync"]
@@ -164,14 +165,19 @@ def drive_sync(
     request_timeout_s: float = 120.0,
     on_record: Callable[[RequestRecord], None] | None = None,
 ) -> DriveResult:
-    """``drive`` in a fresh event loop; with ``client=None`` it owns a client sized for ``concurrency``."""
+    """``drive`` in a fresh event loop; with ``client=None`` it owns a client sized for ``concurrency``.
+
+    The owned client is httpx over ``tuner.transport.StreamTransport`` (keep-alive pool of
+    ``concurrency`` connections), not httpcore, which costs twice the CPU per streamed request and
+    far more at high concurrency (``bench_driver_capacity`` in reports/measurement.md).
+    """
 
     async def run() -> DriveResult:
         async with contextlib.AsyncExitStack() as stack:
             active = client
             if active is None:
-                limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-                own = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s), limits=limits)
+                transport = StreamTransport(max_connections=concurrency)
+                own = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(request_timeout_s))
                 active = await stack.enter_async_context(own)
             return await drive(
                 active,

@@ -3,14 +3,14 @@
 Every value is quoted with ``shlex.quote``, so a model path with spaces or quotes, or the JSON of
 ``--speculative-config``, stays one argument. The interpreter, host and port can be overridden
 with ``ENGINE_PYTHON``, ``HOST`` and ``PORT``. Before anything is written, every argv is checked by
-the engine's own parser (``tuner.check``); a rejected one fails the export and writes nothing.
+the engine's own parser (``tuner.check``); a rejected one fails the export and writes nothing, and
+so does an interruption while writing (``tuner.atomic.write_all``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 import optuna
 
 from tuner import __version__
+from tuner.atomic import write_all
 from tuner.deploy import render_compose, render_k8s
 from tuner.errors import ExportError
 from tuner.launchers import render_python
@@ -86,6 +87,8 @@ def manifest(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, 
             "output_throughput_tok_s": attrs.get("output_throughput_tok_s"),
         },
         "metrics": attrs.get("metrics"),
+        "ci": attrs.get("ci"),  # the trial's own 95 % intervals (tuner.intervals)
+        "stress": (sattrs.get("stress") or {}).get(str(trial.number)),
         "repeats": next((f for f in sattrs.get("finalists", []) if f["trial"] == trial.number), None),
         "verdict": sattrs.get("verdict"),
         "server": attrs.get("server"),
@@ -102,7 +105,8 @@ def _oneline(value: object) -> str:
 
 def provenance(m: dict[str, Any]) -> list[str]:
     """Comment lines saying where a launch file came from; every value on one line."""
-    objectives = "  ".join(f"{k}={v:.1f}" for k, v in m["objectives"].items() if isinstance(v, int | float))
+    objectives = "  ".join(_measured(k, v, (m.get("ci") or {}).get(k)) for k, v in m["objectives"].items()
+                           if isinstance(v, int | float))  # fmt: skip
     return [
         f"# Launch file exported by tuner {_oneline(m['tuner_version'])} at {_oneline(m['exported_at'])}",
         f"# study: {_oneline(m['study'])}  trial: {m['trial']} ({_oneline(m['config_kind'])})",
@@ -115,11 +119,22 @@ def provenance(m: dict[str, Any]) -> list[str]:
     ]
 
 
+def _measured(key: str, value: float, ci: dict[str, Any] | None) -> str:
+    within = f" [95% CI {ci['low']:.1f}-{ci['high']:.1f}]" if ci else ""
+    return f"{key}={value:.1f}{within}"
+
+
 def _repeat_lines(m: dict[str, Any]) -> list[str]:
     """The finalist repeats' means and 95 % intervals, and the verdict, when the study has them."""
     lines = []
     for metric, s in ((m.get("repeats") or {}).get("stats") or {}).items():
         lines.append(f"# repeats {metric}: mean {s['mean']:.1f}, 95% CI [{s['low']:.1f}, {s['high']:.1f}], n={s['n']}")
+    stress = m.get("stress")
+    if stress and stress.get("ran"):
+        ttft = stress.get("ttft_p95_ms")
+        seen = f"TTFT p95 {ttft:.1f} ms" if isinstance(ttft, int | float) else "no request served"
+        lines.append(f"# stress check: {stress['prompt_tokens']} prompt tokens x concurrency {stress['concurrency']}, "
+                     f"cold cache: {seen}, {_oneline(stress.get('failure') or 'passed')}")  # fmt: skip
     verdict = m.get("verdict")
     if verdict:
         trials = ", ".join(str(t) for t in verdict["trials"])
@@ -144,16 +159,44 @@ def render_sh(m: dict[str, Any]) -> str:
 
 
 def read_sh(text: str) -> tuple[str, list[str]]:
-    """The module and engine args of an exported ``*.sh`` (the inverse of ``render_sh``)."""
-    joined = re.sub(r"\\\n", " ", text)
-    line = next((ln for ln in joined.splitlines() if ln.startswith("exec ")), None)
-    if line is None:
+    """The module and engine args of an exported ``*.sh`` (the inverse of ``render_sh``), read as bash
+    reads it: a quoted value may hold a newline, and a line ends in ``\\`` only outside quotes."""
+    try:
+        words = shlex.split(_join_lines(text))
+    except ValueError as exc:  # an unclosed quote: not what render_sh writes
+        raise ExportError(f"not a launch file written by tuner export: {exc}") from exc
+    start = next((i for i, w in enumerate(words) if w == "exec"), None)
+    if start is None:
         raise ExportError("no 'exec' line: not a launch file written by tuner export")
-    words = shlex.split(line)
-    if len(words) < 4 or words[2] != "-m":
+    command = words[start + 1 :]
+    if len(command) < 3 or command[1] != "-m":
         raise ExportError("the exec line does not start an engine module")
-    _, args = engine_args(words[1:])
-    return words[3], args
+    _, args = engine_args(command)
+    return command[2], args
+
+
+def _join_lines(text: str) -> str:
+    """``text`` as bash reads it before splitting words: comments dropped, and every backslash-newline
+    outside single quotes removed (``shlex.quote`` writes a quote as ``'"'"'``: double quotes count too)."""
+    out, quote, i = [], "", 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\" and quote != "'":
+            if text.startswith("\n", i + 1):
+                i += 2
+                continue
+            out.append(text[i : i + 2])  # an escaped character, never a quote
+            i += 2
+            continue
+        if char == "#" and not quote and (i == 0 or text[i - 1].isspace()):
+            end = text.find("\n", i)  # a comment: its quotes are no quotes (provenance holds user text)
+            i = len(text) if end < 0 else end
+            continue
+        if char in "'\"" and quote in ("", char):
+            quote = char if quote == "" else ""
+        out.append(char)
+        i += 1
+    return "".join(out)
 
 
 def safe_stem(study: str, number: int) -> str:
@@ -199,11 +242,4 @@ def export_study(
         for fmt in dict.fromkeys(chosen):
             suffix, render = RENDERERS[fmt]
             files.append((stem.with_name(stem.name + suffix), render(m)))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path, text in files:
-        path.write_text(text)
-        if path.suffix in (".sh", ".py"):
-            path.chmod(0o755)
-        written.append(path)
-    return written
+    return write_all(out_dir, files)

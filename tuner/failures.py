@@ -11,6 +11,8 @@ Classes (stored on the trial as the ``failure`` user attribute; ``None`` means i
 ``crash_on_request`` died while serving, with no out-of-memory signature
 ``oom_load``        died while serving, with an out-of-memory signature
 ``request_errors``  stayed up but more than the allowed share of requests failed
+``port_in_use``     its port was taken before it bound it, on the first boot and on the one
+                    retry on a fresh port (``tuner.process``): the machine's fault, not the config's
 =================== =====================================================================
 
 Signatures are the engines' own messages (../shared/reference/engines.md and the real logs in
@@ -27,6 +29,8 @@ OOM_CLASSES = frozenset({"oom_boot", "kv_insufficient", "oom_load"})
 # (regex, class) pairs, most specific first. Matched against the log text of one phase.
 SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"unrecognized arguments|invalid choice|ambiguous option|^usage: ", "invalid_config"),
+    # vLLM 0.26's config validation on an H200: chunk 512 leaves no room for K=4 draft tokens
+    (r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings", "invalid_config"),
     (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
     (r"No available memory for the cache blocks", "kv_insufficient"),
     (r"Loaded weights leave no GPU memory for the KV cache", "kv_insufficient"),  # SGLang 0.5.17
@@ -37,6 +41,8 @@ SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"Failed to load model - not enough GPU memory", "oom_boot"),
     (r"Capture cuda graph failed", "oom_boot"),
     (r"CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError", "oom_boot"),
+    # vLLM binds early ("[Errno 98] Address already in use"), SGLang's uvicorn late ("... address already in use")
+    (r"(?i)address already in use", "port_in_use"),
 )
 _COMPILED = tuple((re.compile(p, re.MULTILINE), c) for p, c in SIGNATURES)
 

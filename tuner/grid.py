@@ -45,7 +45,7 @@ def _speculation(p: Parameters, drafts: Sequence[str]) -> list[dict[str, Any]]:
 def engine_points(p: Parameters, drafts: Sequence[str]) -> list[dict[str, Any]]:
     """Every distinct parameter set of one engine's sub-space (unprefixed names)."""
     axes: list[list[dict[str, Any]]] = []
-    for key in ("chunk_size", "max_num_seqs"):
+    for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
         spec = getattr(p, key)
         if spec is not None:
             axes.append([{key: v} for v in spec.choices])

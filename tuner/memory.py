@@ -94,8 +94,15 @@ class Estimate:
 
 
 def screen_key(config: Config, device: Device, model: ModelSpec) -> str:
+    """Trials that calibrate each other: same engine, device kind, draft model and max model length.
+    N-gram speculation has no draft model, so it shares the key of no speculation."""
     spec = config.params.get("draft_model") if int(config.params.get("num_speculative_tokens", 0)) > 0 else None
-    return f"{config.engine}|{device.kind}|{spec or '-'}|{model.max_model_len}"
+    return f"{config.engine}|{device.kind}|{'-' if spec in (None, 'ngram') else spec}|{model.max_model_len}"
+
+
+def _without_draft(key: str) -> str:
+    engine, kind, _, length = key.split("|")
+    return f"{engine}|{kind}|-|{length}"
 
 
 def _fraction(config: Config, default_fraction: float | None) -> float | None:
@@ -139,7 +146,11 @@ def estimate(
         total = engine_device_bytes(same_engine) or device.memory_bytes
         available = fraction * total - weights - overhead
     predicted = max(int(predict_tokens(mine, available, per_token)), 0)
-    basis, fits = decide(mine, fraction, predicted, required_tokens)
+    # a draft model only adds memory: where the target alone ran out, target and draft do too
+    plain = (
+        [o for o in history if o.key == _without_draft(key) and o.booted is False] if key != _without_draft(key) else []
+    )
+    basis, fits = decide(mine + plain, fraction, predicted, required_tokens)
     if free_bytes is not None and device.kind != "cpu" and free_bytes < fraction * device.memory_bytes:
         # vLLM's rule at startup: the free memory must cover the fraction's share of the device
         basis, fits = f"free memory {free_bytes / 2**30:.1f} GiB is below the fraction's share", False

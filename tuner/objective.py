@@ -16,22 +16,38 @@ or not, calibrates the next ones, and the screen's hits and misses can be counte
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import optuna
 
 from tuner.engines.base import Config
+from tuner.errors import ConfigError
+from tuner.grid import grid_points
 from tuner.memory import estimate
 from tuner.memory_facts import observations
 from tuner.outcome import TrialContext, TrialResult, WatchFactory
 from tuner.pruning import FrontWatch
 from tuner.space import Space, suggest
-from tuner.study import DEFAULT_KIND, feasible_trials, record
+from tuner.study import CONSTRAINT, DEFAULT_KIND, feasible_trials, record
 
 SCREENED = "screened"
 Runner = Callable[..., TrialResult]  # (number, config, ctx, watch=...) -> TrialResult
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A sampled config and the screen's verdict on it, before anything boots."""
+
+    config: Config
+    estimate: dict[str, Any] | None
+    is_default: bool
+    told: bool = False  # recorded without a boot (screened, or a config already measured): tell it as is
+    values: list[float] = field(default_factory=list)  # what to tell, when ``told``
+    state: optuna.trial.TrialState = optuna.trial.TrialState.COMPLETE
 
 
 @dataclass
@@ -47,6 +63,14 @@ class SearchObjective:
     boots: int = 0  # trials of this run that booted an engine (screened ones do not)
 
     def __call__(self, trial: optuna.Trial) -> list[float]:
+        prepared = self.prepare(trial)
+        if prepared.told and prepared.state == optuna.trial.TrialState.PRUNED:
+            raise optuna.TrialPruned("the same config was pruned before")
+        return prepared.values if prepared.told else self.execute(trial, prepared)
+
+    def prepare(self, trial: optuna.Trial) -> Prepared:
+        """Sample and screen (fast: parallel workers do this one at a time, under a lock). A screened
+        trial, or one whose config was already measured, is recorded here and carries what to tell."""
         is_default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
         if not is_default:
             trial.set_user_attr("config_kind", "sampled")
@@ -58,23 +82,77 @@ class SearchObjective:
             config, ctx.model, ctx.device, observations([t.user_attrs for t in finished]),
             adapter.default_memory_fraction, adapter.kv_tokens_required(ctx.model), self.free_memory(),
         )  # fmt: skip
-        if self.screen and not is_default and est is not None and not est.fits:
-            result = self._screened(trial.number, config, est.as_dict())
-        else:
-            self.boots += 1
-            result = self._run(trial.number, config, None if is_default or not self.prune else self._watch())
-        result.memory_estimate = None if est is None else est.as_dict()
+        estimate_attrs = None if est is None else est.as_dict()
+        twin = None if is_default else self._measured_twin(config)
+        if twin is not None:
+            return self._duplicate(trial, config, twin, estimate_attrs)
+        if not (self.screen and not is_default and est is not None and not est.fits):
+            return Prepared(config, estimate_attrs, is_default)
+        result = self._screened(trial.number, config, est.as_dict())
+        result.memory_estimate = estimate_attrs
         values = record(trial, result, self.objective, ctx.slo)
+        trial.set_user_attr("booted", False)
+        return Prepared(config, estimate_attrs, is_default, told=True, values=values)
+
+    def _measured_twin(self, config: Config) -> optuna.trial.FrozenTrial | None:
+        """An earlier search trial that booted this very config (a sampler proposes one again when it
+        is confident; booting it again would buy a second measurement at the price of a trial)."""
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        for t in self.study.get_trials(deepcopy=False, states=states):
+            a = t.user_attrs
+            if a.get("booted") and a.get("engine") == config.engine and a.get("config") == dict(config.params):
+                return t
+        return None
+
+    def _explore_next(self, number: int) -> None:
+        """A sampler that repeats itself has stopped learning there: the next trial takes a config not
+        measured yet (seeded by the trial number), so the search goes on instead of standing still."""
+        if self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return  # something is queued already
+        try:
+            points = grid_points(self.space, list(self.ctx.engines), list(self.ctx.model.drafts))
+        except ConfigError:
+            return  # a continuous space: a sampler hardly repeats a point there
+        seen = [t.params for t in self.study.get_trials(deepcopy=False)]
+        fresh = [p for p in points if p not in seen]
+        if fresh:
+            self.study.enqueue_trial(random.Random(number).choice(fresh), user_attrs={"config_kind": "sampled"})
+
+    def _duplicate(
+        self, trial: optuna.Trial, config: Config, twin: optuna.trial.FrozenTrial, est: dict[str, Any] | None
+    ) -> Prepared:
+        """Tell the twin's outcome again, without a boot: the sampler learns the same as from the twin."""
+        for key, value in twin.user_attrs.items():
+            if key not in ("config_kind", "worker"):
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("booted", False)
+        trial.set_user_attr("duplicate_of", twin.number)
+        self.ctx.progress.phase(trial.number, "known", f"same config as trial {twin.number}: not booted again")
+        self._explore_next(trial.number)
+        if twin.state == optuna.trial.TrialState.PRUNED:
+            return Prepared(config, est, False, told=True, state=optuna.trial.TrialState.PRUNED)
+        trial.set_constraint(CONSTRAINT, float(twin.constraints.get(CONSTRAINT, 1.0)))
+        return Prepared(config, est, False, told=True, values=list(twin.values or []))
+
+    def execute(self, trial: optuna.Trial, prepared: Prepared, ctx: TrialContext | None = None) -> list[float]:
+        """Boot, drive and record a prepared trial (``ctx``: a GPU slot's own context); a pruned
+        trial raises ``optuna.TrialPruned`` once recorded."""
+        self.boots += 1
+        trial.set_user_attr("booted", True)
+        watch = None if prepared.is_default or not self.prune else self._watch()
+        result = self._run(trial.number, prepared.config, watch, ctx or self.ctx)
+        result.memory_estimate = prepared.estimate
+        values = record(trial, result, self.objective, self.ctx.slo)
         if result.pruned is not None:
             raise optuna.TrialPruned(f"pruned after {result.pruned['at_requests']} requests")
         return values
 
-    def _run(self, number: int, config: Config, watch: WatchFactory | None) -> TrialResult:
+    def _run(self, number: int, config: Config, watch: WatchFactory | None, ctx: TrialContext) -> TrialResult:
         if self.runner is None:
             from tuner.trial import run_trial
 
-            return run_trial(number, config, self.ctx, watch=watch)
-        return self.runner(number, config, self.ctx, watch=watch)
+            return run_trial(number, config, ctx, watch=watch)
+        return self.runner(number, config, ctx, watch=watch)
 
     def _watch(self) -> WatchFactory:
         references = {t.number: t.user_attrs["checkpoints"] for t in feasible_trials(self.study)
@@ -85,7 +163,7 @@ class SearchObjective:
 
         return factory
 
-    def _screened(self, number: int, config: Config, est: dict[str, object]) -> TrialResult:
+    def _screened(self, number: int, config: Config, est: dict[str, Any]) -> TrialResult:
         adapter, env = self.ctx.engines[config.engine]
         launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
         self.ctx.progress.phase(

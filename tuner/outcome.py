@@ -31,6 +31,7 @@ class TrialContext:
     progress: Progress
     boot_deadline_s: float = 300.0
     slo: dict[str, float] = field(default_factory=dict)
+    gpus: tuple[int, ...] | None = None  # this trial's GPUs (CUDA_VISIBLE_DEVICES); None: all, or the CPU
 
 
 @dataclass

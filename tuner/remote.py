@@ -31,6 +31,8 @@ def served_model(client: httpx.Client, url: str) -> str:
     try:
         models = client.get(url + "/v1/models").json()["data"]
         return str(models[0]["id"])
+    except httpx.InvalidURL as exc:  # not an httpx.HTTPError
+        raise ConfigError(f"--url {url}: not a valid URL ({exc})") from exc
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise ConfigError(f"--url {url}: no OpenAI-compatible /v1/models there ({type(exc).__name__})") from exc
 

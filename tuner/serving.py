@@ -17,7 +17,7 @@ from tuner.metrics import parse_prometheus, request_log, summarize
 from tuner.outcome import MAX_ERROR_RATE, TTFT_AGREEMENT, TrialContext, TrialResult, WatchFactory
 from tuner.process import ServerProcess, tail
 from tuner.pruning import Pruned
-from tuner.stress import peak_concurrency, stress_requests
+from tuner.stress import VERSION, peak_concurrency, stress_requests
 
 
 def scrape_metrics(client: httpx.Client, base_url: str) -> dict[str, float]:
@@ -108,6 +108,7 @@ def stress_run(
         "alive": alive,
         "killed": server.returncode() in (-9, 137),
         "cache_reset": reset,
+        "version": VERSION,
         "concurrency": peak,
         "prompt_tokens": requests[0].prompt_tokens,
         "log": tail(server.log_path, max_lines=200, start=mark),

@@ -103,6 +103,7 @@ class Parameters(_Strict):
     memory_fraction: FractionRange | FractionChoices | None = None
     num_speculative_tokens: IntRange | CountChoices | None = None
     draft_model: Choices | None = None  # names; left out: every draft the model spec offers
+    tensor_parallel: PositiveChoices | None = None  # GPUs per engine, at most --gpus-per-trial
 
 
 class Static(_Strict):
@@ -157,7 +158,7 @@ def suggest(
         return Config(engine=engine, params={}, enforce_eager=eager, is_default=True)
     p, params = space.parameters, {}
     name = f"{engine}.{{}}".format
-    for key in ("chunk_size", "max_num_seqs"):
+    for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
         choices: Choices | None = getattr(p, key)
         if choices is not None:
             params[key] = trial.suggest_categorical(name(key), choices.choices)

@@ -21,20 +21,24 @@ import sqlalchemy.exc
 
 from tuner import objectives
 from tuner.errors import ConfigError, StorageError
+from tuner.intervals import trial_intervals
+from tuner.naming import safe_name
 from tuner.outcome import MAX_ERROR_RATE, TrialResult
 from tuner.pruning import checkpoints
+from tuner.storage import redacted, resilient
 
 DIRECTIONS = objectives.directions("pareto")  # TTFT p95 (minimise), output throughput (maximise)
 DEFAULT_KIND = "engine_default"
 
 
 def storage_url(study_name: str, given: str | None) -> str:
-    """``--storage``, else ``$TUNER_STORAGE``, else SQLite under ``studies/``."""
+    """``--storage``, else ``$TUNER_STORAGE``, else SQLite under ``studies/``, in a file named after
+    the study that cannot leave that folder (``--study ../x`` is ``studies/_x.db``)."""
     url = given or os.environ.get("TUNER_STORAGE")
     if url:
         return url
     Path("studies").mkdir(exist_ok=True)
-    return f"sqlite:///studies/{study_name}.db"
+    return f"sqlite:///studies/{safe_name(study_name)}.db"
 
 
 CONSTRAINT = "failure_or_error_rate"
@@ -46,37 +50,50 @@ def constraint_violation(ft: optuna.trial.FrozenTrial) -> list[float]:
 
 
 def open_study(
-    name: str, storage: str, seed: int | None, objective: str = "pareto", sampler: str = "tpe"
+    name: str,
+    storage: str | optuna.storages.BaseStorage,
+    seed: int | None,
+    objective: str = "pareto",
+    sampler: str = "tpe",
 ) -> optuna.Study:
+    """Create or resume the study, on a storage that retries through a database outage (``tuner.storage``)."""
     from tuner.samplers import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.create_study(
             study_name=name,
-            storage=storage,
+            storage=resilient(storage),
             directions=objectives.directions(objective),
             sampler=make_sampler(sampler, seed),
             load_if_exists=True,
         )
-    except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
-        raise StorageError(f"cannot open study {name!r} at {storage}: {str(exc).splitlines()[0]}") from exc
+    except _OPEN_ERRORS as exc:
+        where = redacted(storage) if isinstance(storage, str) else type(storage).__name__
+        raise StorageError(f"cannot open study {name!r} at {where}: {_first_line(exc)}") from exc
+
+
+_OPEN_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError, ImportError)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         return optuna.storages.get_storage(url)
-    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError, ImportError) as exc:
-        raise StorageError(f"cannot open {url}: {str(exc).splitlines()[0]}") from exc
+    except _OPEN_ERRORS as exc:
+        raise StorageError(f"cannot open {redacted(url)}: {_first_line(exc)}") from exc
 
 
 def load_existing(name: str, storage: str) -> optuna.Study:
     try:
-        return optuna.load_study(study_name=name, storage=storage)
+        return optuna.load_study(study_name=name, storage=resilient(storage))
     except KeyError as exc:
-        raise StorageError(f"no study named {name!r} in {storage}") from exc
-    except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
-        raise StorageError(f"cannot open {storage}: {str(exc).splitlines()[0]}") from exc
+        raise StorageError(f"no study named {name!r} in {redacted(storage)}") from exc
+    except _OPEN_ERRORS as exc:
+        raise StorageError(f"cannot open {redacted(storage)}: {_first_line(exc)}") from exc
 
 
 def bind_study_attrs(study: optuna.Study, attrs: dict[str, Any]) -> None:
@@ -92,16 +109,30 @@ def bind_study_attrs(study: optuna.Study, attrs: dict[str, Any]) -> None:
             f"study {study.study_name!r} optimises {study.user_attrs.get('objective', 'pareto')!r}, "
             f"not {attrs.get('objective')!r}: use another --study"
         )
+    for key in ("hardware", "engines"):  # the hardware and the engine versions belong to the study
+        known = study.user_attrs.get(key)
+        if known is not None and attrs.get(key) is not None and known != attrs[key]:
+            raise ConfigError(
+                f"study {study.study_name!r} was made on {_describe_setup(study.user_attrs)}; this machine has "
+                f"{_describe_setup(attrs)}: trials from different {key} must not mix, use another --study"
+            )
     for key, value in attrs.items():
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
 
 
+def _describe_setup(attrs: Mapping[str, Any]) -> str:
+    hw = attrs.get("hardware") or {}
+    engines = ", ".join(f"{n} {e.get('version')}" for n, e in (attrs.get("engines") or {}).items())
+    return f"{hw.get('name')} ({hw.get('memory_bytes', 0) / 2**30:.1f} GiB) with {engines}"
+
+
 def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
-    """Each engine's default config runs first, so the winner is compared with no tuning at all."""
+    """Each engine's default config runs first, so the winner is compared with no tuning at all; a
+    default interrupted (FAIL) is queued again, so it is measured after all."""
     have = set()
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("config_kind") == DEFAULT_KIND:
+        if t.user_attrs.get("config_kind") == DEFAULT_KIND and t.state != optuna.trial.TrialState.FAIL:
             # A waiting (enqueued, not yet run) trial keeps its params in system_attrs["fixed_params"].
             have.add(t.params.get("engine") or t.system_attrs.get("fixed_params", {}).get("engine"))
     for engine in engines:
@@ -140,6 +171,7 @@ def record(
         "ttft_samples_ms": result.ttft_samples_ms,
         "request_log": result.request_log,
         "checkpoints": checkpoints(result.request_log, slo or {}) if result.failure is None else {},
+        "ci": trial_intervals(result.request_log, result.metrics) if result.failure is None else {},
         "phases_s": result.phases_s,
         "pruned": result.pruned,
         "memory_estimate": result.memory_estimate,
@@ -164,12 +196,13 @@ def stress_failures(study: optuna.Study) -> dict[int, str]:
 
 def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """COMPLETE trials whose stored constraint says they served within bounds, less those that
-    failed their stress check: a config that breaks at peak load is never on the front or exported."""
+    failed their stress check (a config that breaks at peak load is never on the front or exported)
+    and those that only repeat an earlier trial's outcome (``duplicate_of``)."""
     failed = stress_failures(study)
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if constraint_violation(t)[0] <= 0.0 and t.number not in failed
+        if constraint_violation(t)[0] <= 0.0 and t.number not in failed and t.user_attrs.get("duplicate_of") is None
     ]
 
 

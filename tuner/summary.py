@@ -39,13 +39,15 @@ def trial_rows(study: optuna.Study) -> list[tuple[str, ...]]:
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
         mark = "*" if t.number in front else ""
+        pruned = attrs.get("pruned")
+        status = f"pruned at {pruned['at_requests']}/{pruned['of']}" if pruned else str(attrs.get("failure") or "-")
         rows.append(
             (
                 f"{t.number}{mark}",
                 t.state.name,
-                str(attrs.get("failure") or "-"),
+                status,
                 _number(attrs.get("ttft_p95_ms"), ".0f"),
-                _number(attrs.get("output_throughput_tok_s"), ".1f"),
+                _number(None if pruned else attrs.get("output_throughput_tok_s"), ".1f"),
                 _repeats(finalists.get(t.number)),
                 _params(t),
             )
@@ -60,10 +62,21 @@ def format_table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def search_effort(study: optuna.Study) -> str:
+    """What the screen and the pruner spared: one line under the table."""
+    attrs = [t.user_attrs for t in study.get_trials(deepcopy=False)]
+    booted = sum(1 for a in attrs if a.get("booted") or (a.get("boot_s") is not None))
+    screened = sum(1 for a in attrs if a.get("failure") == "screened")
+    pruned = [a["pruned"] for a in attrs if a.get("pruned")]
+    saved = sum(p["saved_s"] for p in pruned)
+    return (f"{len(attrs)} trials: {booted} booted an engine, {screened} screened by the memory screen (never "
+            f"booted), {len(pruned)} pruned (about {saved:.0f} s of workload not driven)")  # fmt: skip
+
+
 def trials_table(study: optuna.Study) -> str:
     legend = "* feasible Pareto-optimal"
     verdict = study.user_attrs.get("verdict")
-    lines = [format_table(trial_rows(study)), legend]
+    lines = [format_table(trial_rows(study)), legend, search_effort(study)]
     if verdict is not None:
         lines.append(describe_verdict(verdict))
     return "\n".join(lines)

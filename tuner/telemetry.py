@@ -65,15 +65,16 @@ def gpu_free_bytes(index: int = 0) -> int | None:
 class MemorySampler:
     """A background thread that keeps the peak of ``read()`` until the ``with`` block ends."""
 
-    def __init__(self, device_kind: str, pid: int) -> None:
+    def __init__(self, device_kind: str, pid: int, gpus: tuple[int, ...] | None = None) -> None:
         self._device_kind = device_kind
         self._pid = pid
+        self._gpus = list(gpus) if gpus is not None else None  # a slot's GPUs: the others are not its
         self.peak_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
 
     def read(self) -> int:
-        return process_tree_rss(self._pid) if self._device_kind == "cpu" else gpu_used_bytes()
+        return process_tree_rss(self._pid) if self._device_kind == "cpu" else gpu_used_bytes(self._gpus)
 
     def _run(self) -> None:
         while not self._stop.is_set():

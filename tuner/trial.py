@@ -7,6 +7,8 @@ The serving phases are in ``tuner.serving``; the types in ``tuner.outcome``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuner.engines.base import Config
 from tuner.errors import EngineLaunchError
 from tuner.memory_facts import parse_facts
@@ -31,17 +33,20 @@ def run_trial(
     ``watch`` lets a pruner stop the workload early (the result then carries ``pruned``)."""
     adapter, env = ctx.engines[config.engine]
     spec = adapter.launch(config, ctx.model, ctx.device, free_port(), env.python, env.version)
+    if ctx.gpus is not None:  # this slot's GPUs only: parallel trials never share one
+        spec = replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
     suffix = "" if repeat is None else f"-repeat{repeat}"
     log_path = ctx.log_dir / f"trial-{number:04d}-{config.engine}{suffix}.log"
     result = TrialResult(config=config, launch=spec, engine_version=env.version, log_path=str(log_path))
     ctx.progress.phase(number, "boot", _describe(config))
-    with ServerProcess(spec, log_path) as server, MemorySampler(ctx.device.kind, server.pid) as memory:
+    with ServerProcess(spec, log_path) as server, MemorySampler(ctx.device.kind, server.pid, ctx.gpus) as memory:
         try:
             result.boot_s = server.wait_ready(ctx.boot_deadline_s)
         except EngineLaunchError as exc:
             result.failure, result.log_tail = exc.failure, exc.log_tail
             ctx.progress.phase(number, "failed", f"{exc.failure} at boot")
         else:
+            result.launch = server.spec  # the argv that booted (a boot retried on a fresh port has another)
             result.phases_s["boot"] = round(result.boot_s, 2)
             serve_workload(number, server, adapter, ctx, result, watch)
             if stress and result.failure is None and result.pruned is None:

@@ -147,7 +147,14 @@ def contention(before: dict[str, Any], after: dict[str, Any]) -> str:
     )
 
 
-CODE_UNDER_TEST = ("tuner/driver.py", "tuner/sse.py", "tuner/metrics.py", "tuner/trial.py", "tuner/workloads/rag.py")
+CODE_UNDER_TEST = (
+    "tuner/driver.py",
+    "tuner/transport.py",
+    "tuner/sse.py",
+    "tuner/metrics.py",
+    "tuner/trial.py",
+    "tuner/workloads/rag.py",
+)
 
 
 def code_state() -> dict[str, Any]:

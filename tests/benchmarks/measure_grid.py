@@ -31,6 +31,7 @@ from tuner.grid import grid_points, shuffled
 from tuner.progress import Progress
 from tuner.search import SearchOptions, detect_device, resolve_engines, resolve_models, resolve_workload
 from tuner.space import load_space
+from tuner.stress import VERSION as STRESS_VERSION
 from tuner.trial import TrialContext, run_trial
 
 SPACE = _report.ROOT / "search_spaces" / "grid-cpu.yaml"
@@ -45,6 +46,13 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
+
+
+def _current(row: dict[str, Any] | None) -> bool:
+    """Measured, and with today's stress run (a served row of an older definition is measured again)."""
+    if row is None:
+        return False
+    return row["failure"] is not None or (row.get("stress") or {}).get("version") == STRESS_VERSION
 
 
 def _memory_lines(log_path: str) -> list[str]:
@@ -78,16 +86,17 @@ def measure(out: Path, limit: int | None) -> None:
         "machine": _report.machine(),
         "points": {},
     }  # fmt: skip
-    points = shuffled(grid_points(space, ["vllm"], list(model.drafts)), seed=0)
-    todo = [p for p in points if _key(p) not in data["points"]][:limit]
+    # the engine default (no tuned flag) last: the baseline every study starts from
+    points = shuffled(grid_points(space, ["vllm"], list(model.drafts)), seed=0) + [{"engine": "vllm"}]
+    todo = [p for p in points if not _current(data["points"].get(_key(p)))][:limit]
     progress.line(f"grid: {len(points)} configs, {len(data['points'])} done, {len(todo)} to measure now")
     for i, point in enumerate(todo):
         params = {k.split(".", 1)[1]: v for k, v in point.items() if k != "engine"}
-        config = Config("vllm", params, enforce_eager=space.static.enforce_eager)
+        config = Config("vllm", params, enforce_eager=space.static.enforce_eager, is_default=not params)
         started, load = time.time(), os.getloadavg()[0]
-        result = run_trial(len(data["points"]), config, ctx, stress=True)
+        result = run_trial(i, config, ctx, stress=True)
         data["points"][_key(point)] = {
-            "order": len(data["points"]),
+            "order": i + len(points) - len(todo),
             "params": params,
             "argv": list(result.launch.argv),
             "failure": result.failure,

@@ -25,26 +25,25 @@ RUN_MARKER = ("TUNER_TEST_RUN", uuid.uuid4().hex)
 os.environ[RUN_MARKER[0]] = RUN_MARKER[1]
 
 
-def _ours(proc: psutil.Process) -> bool:
-    try:
-        return proc.environ().get(RUN_MARKER[0]) == RUN_MARKER[1]
-    except psutil.Error:
-        return False
-
-
-def engine_processes() -> list[psutil.Process]:
-    """Every live process of this test run that looks like a vLLM server or one of its workers."""
+def marked_processes(marker: tuple[str, str], signs: tuple[str, ...]) -> list[psutil.Process]:
+    """Live processes (zombies are dead already) that look like one of ``signs`` and carry ``marker``
+    in their environment: every process a test run starts inherits it, another run's never do."""
     found = []
     for proc in psutil.process_iter(["cmdline", "name", "status"]):
         try:
             text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["name"] or "")
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            if any(sign in text for sign in signs) and proc.environ().get(marker[0]) == marker[1]:
+                found.append(proc)
         except psutil.Error:
             continue
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue  # already dead: only its exit status waits for a parent (or init) to read it
-        if any(marker in text for marker in ENGINE_MARKERS) and _ours(proc):
-            found.append(proc)
     return found
+
+
+def engine_processes() -> list[psutil.Process]:
+    """Every live process of this test run that looks like a vLLM server or one of its workers."""
+    return marked_processes(RUN_MARKER, ENGINE_MARKERS)
 
 
 @pytest.fixture(scope="session")

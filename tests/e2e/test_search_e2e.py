@@ -135,7 +135,8 @@ def test_trials_command_prints_the_table(study: optuna.Study, storage: str) -> N
     done = tuner("trials", "--study", STUDY, "--storage", storage)
     assert done.returncode == 0, done.stderr
     assert "kv_insufficient" in done.stdout and "engine defaults" in done.stdout and "screened" in done.stdout
-    assert len(done.stdout.splitlines()) == 1 + len(study.trials) + 2  # header, trials, legend, verdict
+    assert len(done.stdout.splitlines()) == 1 + len(study.trials) + 3  # header, trials, legend, effort, verdict
+    assert "screened by the memory screen" in done.stdout
     assert "verdict: " in done.stdout and " n=1" in done.stdout
 
 
@@ -200,17 +201,20 @@ def test_report_renders_in_a_real_browser(study: optuna.Study, storage: str, tmp
 
 
 def test_export_is_checked_by_vllm_and_serves(study: optuna.Study, storage: str, tmp_path: Path) -> None:
-    done = tuner("export", "--study", STUDY, "--storage", storage, "--out", str(tmp_path))
+    formats = ["--format", "sh", "--format", "json", "--format", "python", "--format", "compose", "--format", "k8s"]
+    done = tuner("export", "--study", STUDY, "--storage", storage, "--out", str(tmp_path), *formats)
     assert done.returncode == 0, done.stderr
     scripts = sorted(tmp_path.glob("*.sh"))
     assert scripts and len(scripts) == len(list(tmp_path.glob("*.json")))
     manifest = json.loads(scripts[0].with_suffix(".json").read_text())
     assert manifest["parser_check"]["ok"] is True
-    for key in ("study", "trial", "metrics", "engine", "engine_version", "hardware", "model", "workload"):
+    for key in ("study", "trial", "metrics", "ci", "engine", "engine_version", "hardware", "model", "workload"):
         assert manifest[key] is not None, key
-    checked = tuner("check", str(scripts[0]))
+    files = sorted(p for p in tmp_path.iterdir() if p.is_file())
+    assert {p.name.split(".", 1)[1] for p in files} == {"sh", "json", "py", "compose.yaml", "k8s.yaml"}
+    checked = tuner("check", *map(str, files))  # every format, through vLLM's own parser, in one run
     assert checked.returncode == 0, checked.stderr
-    assert "accepted by vllm 0.32.0" in checked.stdout
+    assert checked.stdout.count("accepted by vllm 0.32.0") == len(files)
     _serve_exported(scripts[0], tmp_path)
 
 

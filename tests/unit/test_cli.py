@@ -111,8 +111,8 @@ def test_invalid_space_file(capsys: pytest.CaptureFixture[str], _isolated: Path,
     _nothing_written(_isolated)
 
 
-@pytest.mark.parametrize("trials", ["0", "-3"])
-def test_search_with_no_trials(capsys: pytest.CaptureFixture[str], _isolated: Path, trials: str) -> None:
+@pytest.mark.parametrize("trials", ["-1", "-3"])  # 0 is valid: no new trial, only the finalists
+def test_search_with_negative_trials(capsys: pytest.CaptureFixture[str], _isolated: Path, trials: str) -> None:
     assert main(["search", "--workload", "rag", "--trials", trials]) == 2
     assert "--trials" in _one_line(capsys)
     _nothing_written(_isolated)
@@ -165,9 +165,9 @@ def test_search_sglang_by_name_without_a_gpu_is_a_config_error(
     capsys: pytest.CaptureFixture[str], _isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Asked for by name, an engine that cannot run here is refused before anything is probed or booted."""
-    import tuner.search
+    import tuner.resolve
 
-    monkeypatch.setattr(tuner.search, "gpu_visible", lambda: False)
+    monkeypatch.setattr(tuner.resolve, "gpu_visible", lambda: False)
     assert main(["search", "--workload", "rag", "--engines", "sglang"]) == 2
     line = _one_line(capsys)
     assert "sglang" in line and "GPU" in line

@@ -17,12 +17,13 @@ from tuner.driver import RequestRecord
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.env import EngineEnv
 from tuner.engines.vllm import VllmAdapter
+from tuner.fleet import Reservation
 from tuner.metrics import request_row
 from tuner.objective import SearchObjective
 from tuner.outcome import TrialContext, TrialResult, WatchFactory
 from tuner.progress import Quiet
 from tuner.pruning import Pruned
-from tuner.search import run_until_booted
+from tuner.slots import Budget, Slot, run_slots
 from tuner.space import Space
 from tuner.study import DIRECTIONS, enqueue_defaults
 from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Workload
@@ -104,13 +105,17 @@ def test_a_config_known_to_be_too_small_is_screened_and_never_booted(ctx: TrialC
 
 
 def test_screened_trials_do_not_use_up_the_boot_budget(ctx: TrialContext) -> None:
+    """The budget is the study's booted trials; screened ones are free and never counted."""
     study, engine = _study(), ScriptedEngine()
     enqueue_defaults(study, ["vllm"])
-    objective = SearchObjective(study, _space([0.05, 0.1, 0.15, 0.9], [512, 2048]), ctx, runner=engine, prune=False)
-    run_until_booted(study, objective, boots=4, timeout_s=None)
+    space = _space([0.05, 0.1, 0.9, 0.95], [512, 1024, 1536, 2048])
+    objective = SearchObjective(study, space, ctx, runner=engine, prune=False)
+    run_slots(study, objective, Budget(boots=4), Reservation("memory", "test"), [Slot(ctx)])
     assert len(engine.booted) == 4 and objective.boots == 4
+    assert all(t.user_attrs["worker"]["pid"] > 0 for t in study.trials if t.user_attrs.get("booted"))
     screened = [t for t in study.trials if t.user_attrs.get("failure") == "screened"]
-    assert len(study.trials) == 4 + len(screened)
+    repeated = [t for t in study.trials if t.user_attrs.get("duplicate_of") is not None]
+    assert screened and len(study.trials) == 4 + len(screened) + len(repeated)
     assert engine.booted[0] == {}, "the engine default runs first and is never screened"
 
 
@@ -124,3 +129,21 @@ def test_a_trial_clearly_worse_than_one_already_measured_is_pruned(ctx: TrialCon
     assert fast.state == optuna.trial.TrialState.COMPLETE and fast.user_attrs["checkpoints"]
     assert slow.state == optuna.trial.TrialState.PRUNED
     assert slow.user_attrs["pruned"]["at_requests"] == 10 and slow.user_attrs["pruned"]["saved_s"] > 0
+
+
+def test_a_config_already_measured_is_told_again_without_a_boot(ctx: TrialContext) -> None:
+    study, engine = _study(), ScriptedEngine()
+    for _ in range(2):
+        study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 1024})
+    objective = SearchObjective(study, _space([0.9], [1024, 2048]), ctx, runner=engine, prune=False)
+    study.optimize(objective, n_trials=2)
+    first, again, explore = study.trials
+    assert len(engine.booted) == 1 and objective.boots == 1
+    # the sampler repeated itself: the next trial explores a config not measured yet
+    assert explore.state == optuna.trial.TrialState.WAITING
+    assert explore.system_attrs["fixed_params"]["vllm.chunk_size"] == 2048
+    assert again.values == first.values and again.user_attrs["duplicate_of"] == 0
+    assert again.user_attrs["booted"] is False
+    from tuner.study import feasible_trials
+
+    assert [t.number for t in feasible_trials(study)] == [0], "a repeat of an outcome is not a second config"

@@ -88,8 +88,8 @@ def test_unknown_key_inside_chunk_size(tmp_path: Path) -> None:
 
 
 def test_unknown_parameter(tmp_path: Path) -> None:
-    message = _error(tmp_path, "parameters:\n  tensor_parallel: {choices: [1, 2]}\n")
-    assert "parameters.tensor_parallel" in message
+    message = _error(tmp_path, "parameters:\n  pipeline_parallel: {choices: [1, 2]}\n")
+    assert "parameters.pipeline_parallel" in message
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ Parameter → flag mapping:
 * ``chunk_size`` → ``--chunked-prefill-size N``
 * ``memory_fraction`` → ``--mem-fraction-static F``
 * ``max_num_seqs`` → ``--max-running-requests N``
+* ``tensor_parallel`` → ``--tp-size N``
 * ``num_speculative_tokens`` K > 0 with a draft model → ``--speculative-algorithm STANDALONE
   --speculative-draft-model-path PATH --speculative-num-steps K --speculative-eagle-topk 1
   --speculative-num-draft-tokens K+1``. K is the number of draft steps, as in vLLM; with top-k 1
@@ -58,6 +59,8 @@ class SglangAdapter(EngineAdapter):
             flags += ["--mem-fraction-static", f"{float(params['memory_fraction']):g}"]
         if "max_num_seqs" in params:
             flags += ["--max-running-requests", str(params["max_num_seqs"])]
+        if "tensor_parallel" in params:
+            flags += ["--tp-size", str(params["tensor_parallel"])]
         k = int(params.get("num_speculative_tokens", 0))
         if k > 0:
             flags += self._spec_flags(k, str(params.get("draft_model", "")), model)
@@ -82,18 +85,28 @@ class SglangAdapter(EngineAdapter):
 
     def server_stats(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
         def gauge(name: str) -> float | None:
-            # SGLang reports acceptance and cache hits as gauges: the value at the end of the run,
-            # averaged over label sets (one per DP rank), since a rate must not be summed.
+            # SGLang reports acceptance as gauges: the value at the end of the run, averaged over
+            # label sets (one per DP rank), since a rate must not be summed.
             values = [v for k, v in after.items() if k.split("{")[0] == name]
             return sum(values) / len(values) if values else None
 
+        def delta(name: str) -> float:
+            return metric_total(after, name) - metric_total(before, name)
+
+        # With speculation off SGLang still exports the gauges, at 0: an accept length below 1 means
+        # no speculation ran (with it on, every step accepts at least the verified token).
+        accept_len = gauge("sglang:spec_accept_length")
+        speculating = accept_len is not None and accept_len >= 1.0
+        prompts = delta("sglang:prompt_tokens_total")
+        # The cache_hit_rate gauge read 0.0 through a whole H200 study whose counters said 84 %
+        # (reports/gpu-h200.md): the counters over the drive are the measure.
+        hit_rate = delta("sglang:cached_tokens_total") / prompts if prompts > 0 else gauge("sglang:cache_hit_rate")
         ttft_mean = histogram_mean_delta(before, after, self.ttft_histogram)
         return {
-            "spec_acceptance_rate": gauge("sglang:spec_accept_rate"),
-            "spec_mean_accept_len": gauge("sglang:spec_accept_length"),
-            "preemptions": metric_total(after, "sglang:num_retracted_requests_total")
-            - metric_total(before, "sglang:num_retracted_requests_total"),
-            "prefix_cache_hit_rate": gauge("sglang:cache_hit_rate"),
+            "spec_acceptance_rate": gauge("sglang:spec_accept_rate") if speculating else None,
+            "spec_mean_accept_len": accept_len if speculating else None,
+            "preemptions": delta("sglang:num_retracted_requests_total"),
+            "prefix_cache_hit_rate": hit_rate,
             "server_ttft_mean_ms": None if ttft_mean is None else ttft_mean * 1000.0,
         }
 

@@ -4,6 +4,7 @@ Parameter → flag mapping (vLLM 0.26 / 0.32 / 0.33 accept the same flags for th
 
 * ``chunk_size`` → ``--enable-chunked-prefill --max-num-batched-tokens N``
 * ``max_num_seqs`` → ``--max-num-seqs N``
+* ``tensor_parallel`` → ``--tensor-parallel-size N``
 * ``num_speculative_tokens`` K > 0 with ``draft_model`` D → ``--speculative-config`` JSON
   ``{"model": path, "num_speculative_tokens": K, "method": "draft_model"}``, or
   ``{"method": "ngram", ...}`` when D is ``ngram``. The ``--speculative-model`` flag was removed
@@ -71,6 +72,8 @@ class VllmAdapter(EngineAdapter):
             flags += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(params["chunk_size"])]
         if "max_num_seqs" in params:
             flags += ["--max-num-seqs", str(params["max_num_seqs"])]
+        if "tensor_parallel" in params:
+            flags += ["--tensor-parallel-size", str(params["tensor_parallel"])]
         fraction = float(params.get("memory_fraction", VLLM_DEFAULT_MEMORY_FRACTION))
         if device.kind == "cpu":
             flags += ["--kv-cache-memory-bytes", str(int(fraction * device.memory_bytes))]

@@ -20,6 +20,8 @@ from typing import Any
 
 from tuner.errors import ConfigError
 
+MIN_BURSTINESS = 1e-3
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -57,8 +59,9 @@ def check_flags(concurrency: int | None, rate: float | None, burstiness: float |
         raise ConfigError(f"--concurrency must be at least 1, got {concurrency}")
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ConfigError(f"--rate must be a positive number of requests per second, got {rate}")
-    if burstiness is not None and not (math.isfinite(burstiness) and burstiness > 0):
-        raise ConfigError(f"--burstiness must be positive (1 is Poisson), got {burstiness}")
+    if burstiness is not None and not (math.isfinite(burstiness) and burstiness >= MIN_BURSTINESS):
+        # below this the gamma gaps underflow: their sum is 0 and nothing can be rescaled to the rate
+        raise ConfigError(f"--burstiness must be at least {MIN_BURSTINESS:g} (1 is Poisson), got {burstiness}")
 
 
 def override(

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Pack the downloaded wheels (download_bundle.sh) into one tar stream, cut into pieces that fit one
+# device call each (the working tree and a piece must stay under 64 MiB). The stream holds, in order:
+# the tuner's dependencies and vLLM's wheels, a marker A.DONE, SGLang's other wheels, a marker B.DONE,
+# so setup.sh can unpack it while the pieces arrive and install vLLM before SGLang's wheels are in.
+# Writes .gpubundle/pieces/p.NN, and scripts/gpu/bundle.sha256 and scripts/gpu/wheels-{tuner,vllm,sglang}.txt,
+# which travel with the working tree and tell setup.sh what to wait for and what to install.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${1:-.gpubundle}
+PIECE=${PIECE:-62914560}  # 60 MiB: with the working tree (about 3 MiB now) under the 64 MiB a call carries
+for s in tuner vllm sglang; do cp "$B/sets/$s.txt" "scripts/gpu/wheels-$s.txt"; done
+sort -u "$B/sets/tuner.txt" "$B/sets/vllm.txt" > "$B/a.list"
+sort -u "$B/sets/sglang.txt" | comm -23 - "$B/a.list" > "$B/b.list"
+echo a > "$B/wheels/A.DONE"; echo b > "$B/wheels/B.DONE"
+rm -rf "$B/pieces"; mkdir -p "$B/pieces"
+cat "$B/a.list" <(echo A.DONE) "$B/b.list" <(echo B.DONE) > "$B/stream.list"
+tar -C "$B/wheels" -cf - -T "$B/stream.list" | split -b "$PIECE" -d -a 2 - "$B/pieces/p."
+(cd "$B/pieces" && sha256sum p.*) > scripts/gpu/bundle.sha256
+ls -l "$B/pieces" | awk '{print $5, $9}' | tr '\n' ' '; echo

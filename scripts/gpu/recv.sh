@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Run from the repository copy on the H200 machine in every call that carries a bundle piece:
+# moves the carried pieces out of the repo copy, starts the setup daemon once (setup.sh, from a
+# copy of scripts/gpu so that later syncs of the working tree cannot change a running script),
+# starts the model generation once, and prints where things stand.
+set -uo pipefail
+. "$(dirname "$0")/common.sh"
+for f in .gpubundle/pieces/*; do [ -f "$f" ] && mv -f "$f" "$BUNDLE/pieces/"; done
+if [ ! -d "$STATE/scripts" ]; then cp -r scripts/gpu "$STATE/scripts"; fi
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+if ! alive "$STATE/setup.pid" && [ ! -f "$STATE/setup.done" ]; then
+  setsid nohup bash "$STATE/scripts/setup.sh" > "$STATE/setup.log" 2>&1 < /dev/null &
+  echo $! > "$STATE/setup.pid"
+fi
+if ! alive "$STATE/models.pid" && [ ! -f "$MODELS/DONE" ] && [ ! -f "$STATE/models.failed" ]; then
+  cp tuner/scripts/make_models.py tuner/workloads/corpus.txt "$STATE/"
+  setsid nohup bash "$STATE/scripts/gen_models.sh" > "$STATE/models.log" 2>&1 < /dev/null &
+  echo $! > "$STATE/models.pid"
+fi
+bash "$(dirname "$0")/status.sh"

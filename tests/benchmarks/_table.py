@@ -1,0 +1,106 @@
+"""The measured grid as a stand-in engine: ``TableRunner`` answers a trial from the table.
+
+``tests/benchmarks/data/grid_vllm_cpu_rag.json`` (written by ``measure_grid``) holds, for every
+config of the grid, what its real trial on the vLLM CPU build gave: failure class, one row per
+request, the engine's memory lines and the wall time of every phase. A replayed trial goes through
+the tuner's own search objective (screen, pruner, record) exactly as a live one; only the engine is
+replaced by the table. The pruner sees the requests complete in their recorded order, so a pruned
+replay saves exactly the recorded time after its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tests.benchmarks._report import ROOT
+from tuner.driver import RequestRecord
+from tuner.engines.base import Config, Device, ModelSpec
+from tuner.engines.vllm import VllmAdapter
+from tuner.memory_facts import parse_facts
+from tuner.outcome import TrialContext, TrialResult, WatchFactory
+from tuner.pruning import Pruned, running_values
+
+TABLE = ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"
+
+
+def load(path: Path = TABLE) -> dict[str, Any]:
+    """The table, with its points keyed by their (unprefixed) params; the engine default is ``{}``."""
+    table = dict(json.loads(path.read_text()))
+    table["points"] = {key(row["params"]): row for row in table["points"].values()}
+    return table
+
+
+def key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def trial_metrics(rows: list[dict[str, Any]], slo: dict[str, float]) -> dict[str, float]:
+    """The objectives of a table row's requests, under the benchmark's SLOs (``tuner.pruning``'s
+    definitions, over every request: the same numbers the pruner's checkpoints use)."""
+    done = sorted((r for r in rows if r["done_s"] is not None), key=lambda r: r["done_s"])
+    values = running_values(done, slo)
+    errors = sum(1 for r in rows if r["error"] is not None)
+    return {**values, "error_rate": errors / len(rows) if rows else 1.0}
+
+
+@dataclass
+class TableRunner:
+    """A ``runner`` for ``tuner.objective.SearchObjective`` that answers from the table."""
+
+    points: dict[str, dict[str, Any]]
+    slo: dict[str, float]
+    booted: list[str] = field(default_factory=list)
+    saved_s: float = 0.0  # recorded drive time the pruner cut off
+
+    def __call__(
+        self, number: int, config: Config, ctx: TrialContext, watch: WatchFactory | None = None
+    ) -> TrialResult:
+        row = self.points[key(dict(config.params))]
+        self.booted.append(key(dict(config.params)))
+        launch = VllmAdapter().launch(config, ctx.model, ctx.device, 8000, "python3", "0.32.0")
+        result = TrialResult(config=config, launch=launch, engine_version="0.32.0", failure=row["failure"])
+        result.memory_facts = parse_facts("\n".join(row["memory_lines"]))
+        result.phases_s = dict(row["phases_s"])
+        if row["failure"] is not None:
+            return result
+        rows = row["request_log"]
+        if watch is not None and self._pruned(rows, watch, result):
+            return result
+        result.request_log = rows
+        result.metrics = trial_metrics(rows, self.slo)
+        return result
+
+    def _pruned(self, rows: list[dict[str, Any]], watch: WatchFactory, result: TrialResult) -> bool:
+        on_record = watch(len(rows))
+        t0 = time.perf_counter()
+        for r in sorted(rows, key=lambda r: r["done_s"] if r["done_s"] is not None else r["sent_s"]):
+            record = RequestRecord("x", t0 + r["sent_s"], None if r["first_s"] is None else t0 + r["first_s"],
+                                   None if r["done_s"] is None else t0 + r["done_s"], (), (), r["output_tokens"],
+                                   r["prompt_tokens"], r["error"])  # fmt: skip
+            try:
+                on_record(record)
+            except Pruned as stop:
+                result.pruned = stop.info
+                ended = max(x["done_s"] for x in rows if x["done_s"] is not None)
+                self.saved_s += ended - (r["done_s"] or r["sent_s"])
+                return True
+        return False
+
+
+def context(table: dict[str, Any], slo: dict[str, float]) -> TrialContext:
+    """The trial context the table was measured in (the generated models must be on this machine)."""
+    from tuner.progress import Quiet
+    from tuner.workloads.base import Workload
+
+    m, d = table["model"], table["device"]
+    model = ModelSpec(m["path"], m["drafts"], m["max_model_len"])
+    device = Device(d["kind"], d["name"], d["memory_bytes"])
+    workload = Workload("rag", 0, (), (), table["workload"]["concurrency"], "replayed from the table")
+    from tuner.engines.env import EngineEnv
+
+    env = EngineEnv("vllm", "python3", table["engine"]["distribution"], table["engine"]["version"])
+    return replace(TrialContext({"vllm": (VllmAdapter(), env)}, model, device, workload, ROOT, Quiet()), slo=slo)

@@ -1,0 +1,110 @@
+"""Engines that misbehave on purpose, run through the tuner's real trial path as real processes.
+
+Each study: trial 0 is the engine default on a well-behaved boot, trial 1 meets the fault, then the
+same ``tuner search`` is run again on the study, which must go on from there with nothing lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.faults import procs
+from tests.faults.harness import FaultEngine, Study, lost, resumed, spawn, states
+from tests.faults.outcomes import FaultRow, record_fault
+
+# mode: (what is injected, the class trial 1 must be recorded with: None = it served)
+FAULTS: dict[str, tuple[str, str | None]] = {
+    "never_ready": ("/health answers 503 forever (boot deadline 3 s)", "boot_timeout"),
+    "exit_boot": ("the engine exits with status 1 during boot", "engine_died"),
+    "http_500": ("every completion answers HTTP 500", "request_errors"),
+    "stream_cut": ("every stream stops half way, without [DONE]", "request_errors"),
+    "bad_sse": ("SSE data lines that are not JSON", "request_errors"),
+    "stall": ("one token, then silence on an open connection (request timeout 1.5 s)", "request_errors"),
+    "slow": ("a token every 40 ms", None),
+    "die_mid": ("the engine SIGKILLs itself in the middle of the workload", "crash_on_request"),
+    "metrics_missing": ("/metrics answers 404", None),
+    "metrics_bad": ("/metrics answers garbage", None),
+}
+
+
+def short_deadlines(monkeypatch: pytest.MonkeyPatch, stall: bool) -> None:
+    """A 3 s boot deadline polled every 0.2 s, and for the stall a 1.5 s request timeout: the defaults
+    (300 s, 120 s) would make the suite wait minutes for the same outcome."""
+    from tuner import process, serving
+
+    wait_ready = process.ServerProcess.wait_ready
+    monkeypatch.setattr(
+        process.ServerProcess,
+        "wait_ready",
+        lambda self, deadline_s, poll_s=1.0: wait_ready(self, min(deadline_s, 3.0), 0.2),
+    )
+    if stall:
+        monkeypatch.setattr(serving, "drive_sync", functools.partial(serving.drive_sync, request_timeout_s=1.5))
+
+
+@pytest.mark.parametrize("mode", list(FAULTS))
+def test_a_misbehaving_engine_is_recorded_and_the_study_goes_on(
+    mode: str, study: Study, engine: FaultEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    injected, expected = FAULTS[mode]
+    monkeypatch.setenv("TUNER_FAULT", f"ok,{mode},ok")
+    monkeypatch.setenv("TUNER_FAULT_SLOW_S", "0.04")
+    short_deadlines(monkeypatch, stall=mode == "stall")
+    code, err = study.search(2)
+    assert code == 0 and "Traceback" not in err, err
+    first = study.trials()
+    assert states(first) == [("COMPLETE", None), ("COMPLETE", expected)], err
+    faulty = first[1]
+    if expected is None:
+        assert faulty.user_attrs["constraint_violation"] == 0 and all(map(math.isfinite, faulty.values))
+    else:
+        assert faulty.user_attrs["constraint_violation"] > 0 and faulty.values == [math.inf, 0.0]
+    _check_mode(mode, faulty.user_attrs)
+    left = procs.left_after(15.0)
+    assert not left
+
+    boots = engine.boots()
+    code, err = study.search(3)
+    assert code == 0 and "Traceback" not in err, err
+    after = study.trials()
+    trials_lost = lost(first, after)
+    assert trials_lost == 0 and resumed(engine, boots, first, after)
+    record_fault(FaultRow(mode, injected, _did(mode, expected, faulty.user_attrs), expected or "served (feasible)",
+                          len(left), trials_lost, True))  # fmt: skip
+
+
+def _check_mode(mode: str, attrs: dict[str, object]) -> None:
+    metrics = attrs["metrics"]
+    assert isinstance(metrics, dict) or mode in ("never_ready", "exit_boot")
+    if mode == "slow":
+        assert metrics["tpot_p95_ms"] >= 35, "the slowness is measured, not hidden"
+        assert metrics["n_errors"] == 0
+    if mode in ("metrics_missing", "metrics_bad"):
+        assert metrics["n_errors"] == 0
+        assert attrs["server"] in ({}, None) or attrs["server"].get("server_ttft_mean_ms") is None  # type: ignore[union-attr]
+    if mode == "exit_boot":
+        assert "exited during boot" in str(attrs["log_tail"])
+
+
+def _did(mode: str, expected: str | None, attrs: dict[str, object]) -> str:
+    metrics = attrs.get("metrics") or {}
+    assert isinstance(metrics, dict)
+    if expected in ("boot_timeout", "engine_died"):
+        return "stopped the engine's group, recorded the boot failure, went on to the next trial"
+    if expected == "crash_on_request":
+        return "noticed the engine gone after the workload, recorded the crash, went on"
+    if expected == "request_errors":
+        return f"recorded every request as failed (error rate {metrics.get('error_rate', 0):.0%}), went on"
+    if mode == "slow":
+        return f"measured the slowness as it was (TPOT p95 {metrics.get('tpot_p95_ms', 0):.0f} ms), went on"
+    return "measured the workload as usual, leaving only the server-side stats (from /metrics) empty"
+
+
+def test_a_search_says_nothing_but_its_progress(study: Study, engine: FaultEngine, tmp_path: Path) -> None:
+    proc = spawn(study.search_argv(1), tmp_path, tmp_path / "tuner.log")
+    assert proc.wait(timeout=120) == 0
+    assert "Warning" not in (tmp_path / "tuner.log").read_text()

@@ -1,0 +1,108 @@
+"""Faults on the real vLLM CPU build, in one study of four boots (each costs 20-40 s here). Two
+distinct configs are queued before the engine default, so no trial is a twin told without a boot:
+
+* trial 0: its API server is SIGKILLed in the middle of the measured workload; the trial must be
+  recorded as ``crash_on_request`` and the study go on;
+* trial 1 serves normally;
+* during trial 2's workload (the engine default) the tuner itself is SIGKILLed: its reaper must stop
+  vLLM and its EngineCore worker, which no handler of the tuner's could do;
+* the same ``tuner search`` then resumes: trials 0 and 1 are kept, trial 2 is failed and the engine
+  default queued again and measured: the baseline survives a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+from tests.faults import procs
+from tests.faults.harness import ROOT, SPACE, Study, lost, run_cli, spawn, states
+from tests.faults.outcomes import FaultRow, record_fault
+from tuner.study import DIRECTIONS
+
+pytestmark = pytest.mark.engine
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def _wait_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: float = 400.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text(errors="replace"):
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout_s} s: {log.read_text()[-2000:]}"
+        time.sleep(0.2)
+
+
+def _wait_served(trial_log: Path, n: int, proc: subprocess.Popen[bytes]) -> None:
+    """Until vLLM's access log shows ``n`` completions begun: 2 warmup ones, then the measured ones."""
+    deadline = time.monotonic() + 400
+    while not trial_log.exists() or trial_log.read_text(errors="replace").count("POST /v1/completions") < n:
+        assert proc.poll() is None and time.monotonic() < deadline, f"{trial_log}: not {n} requests"
+        time.sleep(0.1)
+
+
+def _api_server() -> psutil.Process:
+    found = [p for p in procs.started() if API_SERVER in " ".join(p.cmdline()) and "tuner.reaper" not in p.cmdline()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_vllm_sigkilled_mid_workload_and_the_tuner_sigkilled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm_env = (Path(os.environ.get("TUNER_ENGINES_DIR", ROOT / ".engines")) / "vllm").absolute()
+    monkeypatch.chdir(tmp_path)  # studies/logs of both runs go to the test's folder
+    (tmp_path / "space.yaml").write_text(SPACE)
+    storage = f"sqlite:///{tmp_path / 'real.db'}"
+    flags = ["--workload", "rag", "--space", str(tmp_path / "space.yaml"), "--study", "real", "--storage", storage,
+             "--requests", "40", "--finalists", "0", "--repeats", "0", "--no-stress", "--no-prune",
+             "--seed", "3", "--engine-env", f"vllm={vllm_env}"]  # fmt: skip
+    study = Study("real", storage, flags)
+    queued = optuna.create_study(study_name="real", storage=storage, directions=DIRECTIONS)
+    for chunk, seqs in ((1024, 4), (512, 2)):
+        params = {"engine": "vllm", "vllm.chunk_size": chunk, "vllm.max_num_seqs": seqs}
+        queued.enqueue_trial(params, user_attrs={"config_kind": "sampled"})
+    log = tmp_path / "tuner.log"
+    proc = spawn(study.search_argv(3), tmp_path, log)
+    try:
+        logs = tmp_path / "studies" / "logs" / "real"
+        _wait_served(logs / "trial-0000-vllm.log", 2 + 6, proc)  # 6 of the 40 measured requests under way
+        engine = _api_server()
+        workers = engine.children(recursive=True)
+        engine.send_signal(signal.SIGKILL)
+        _wait_line(log, "trial   1 score", proc)
+        assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE], "workers cleared"
+        _wait_served(logs / "trial-0002-vllm.log", 2 + 6, proc)
+        vllm = [_api_server(), *_api_server().children(recursive=True)]
+        assert any("EngineCore" in " ".join(p.cmdline()) or "VLLM" in p.name() for p in vllm[1:]), vllm
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = procs.left_after(25.0)  # vLLM's own shutdown on SIGTERM, or SIGKILL after the 10 s grace
+    assert not left, [p.cmdline()[:4] for p in left]
+    before = study.trials()
+    assert states(before) == [("COMPLETE", "crash_on_request"), ("COMPLETE", None), ("RUNNING", None)]
+    assert before[0].user_attrs["constraint_violation"] > 0
+
+    code, err = run_cli(["search", *flags, "--trials", "3"])
+    assert code == 0, err[-3000:]
+    after = study.trials()
+    trials_lost = lost(before, after)
+    assert trials_lost == 0 and after[2].state.name == "FAIL"
+    new = after[len(before) :]
+    assert states(new) == [("COMPLETE", None)] and new[0].user_attrs["config_kind"] == "engine_default"
+    assert new[0].params == before[2].params == {"engine": "vllm"}
+    record_fault(FaultRow("SIGKILL-engine-mid-workload", "SIGKILL to vLLM's API server 6 requests into trial 0's "
+                          "measured workload", "recorded the crash from the failed requests and the dead "
+                          "server, cleared its EngineCore worker, went on", "crash_on_request", 0, trials_lost, True,
+                          "vLLM CPU 0.32"))  # fmt: skip
+    record_fault(FaultRow("SIGKILL-tuner-real-engine", "SIGKILL to the tuner 6 requests into trial 2's workload",
+                          "its reaper stopped vLLM and its EngineCore (SIGTERM, then SIGKILL after 10 s); "
+                          "the next search failed the trial and measured the engine default again",
+                          "RUNNING, then FAIL and retried", len(left), trials_lost, True, "vLLM CPU 0.32"))  # fmt: skip

@@ -1,0 +1,110 @@
+"""Failure classification on the logs of the first H200 study (reports/gpu-h200.md), and the study
+file itself: the CUDA out-of-memory caused on purpose is ``oom_boot`` and the study went on.
+
+The captures are whole trial logs of ``tuner search`` (tests/data/captures/README.md); they are named
+``trial-*`` so that test_failures.py's ``fail_*`` / ``boot_ok_*`` inventories are not changed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tuner.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
+from tuner.process import tail
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"
+SGLANG = ROOT / "tests" / "data" / "captures" / "sglang-0.5.17-h200-2026-12-01"
+STUDY = ROOT / "reports" / "gpu-h200" / "rag-h200.db"
+
+OOM_LOG = VLLM / "trial-0002-vllm-oom-60GiB-held-util-0.95.log"
+REJECTED_LOG = VLLM / "trial-0006-vllm-chunk512-draft-k4-rejected.log"
+SERVED = {
+    VLLM / "trial-0000-vllm-defaults-served.log": "INFO:     Application startup complete.",
+    VLLM / "trial-0010-vllm-ngram-k5-served.log": "INFO:     Application startup complete.",
+    SGLANG / "trial-0001-sglang-defaults-served.log": "The server is fired up and ready to roll!",
+    SGLANG / "trial-0007-sglang-standalone-k2-served.log": "The server is fired up and ready to roll!",
+}
+
+
+def _failures() -> dict[int, str | None]:
+    """Each trial's stored ``failure`` user attribute, read with sqlite3 (Optuna's RDB schema)."""
+    con = sqlite3.connect(f"file:{STUDY}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "select t.number, a.value_json from trials t join trial_user_attributes a using (trial_id)"
+            " where a.key = 'failure' order by t.number"
+        ).fetchall()
+    finally:
+        con.close()
+    return {n: json.loads(v) for n, v in rows}
+
+
+def test_oom_log_holds_vllms_startup_memory_check() -> None:
+    text = OOM_LOG.read_text()
+    assert "Free memory on device cuda:0 (78.77/139.8 GiB) on startup is less than desired" in text
+    assert "(0.95, 132.81 GiB)" in text
+
+
+def test_oom_on_a_shared_gpu_is_oom_boot_from_the_whole_log_and_from_its_tail() -> None:
+    assert match_signature(OOM_LOG.read_text()) == "oom_boot"
+    # what ServerProcess._fail classifies: the last 400 lines, exit status 1
+    assert classify_boot(tail(OOM_LOG, max_lines=400), 1, timed_out=False) == "oom_boot"
+
+
+def test_the_study_recorded_oom_boot_and_went_on() -> None:
+    failures = _failures()
+    assert failures[2] == "oom_boot"
+    later = [n for n in failures if n > 2]
+    assert len(later) >= 5, "trials ran after the out-of-memory one"
+    assert sum(failures[n] is None for n in later) >= 5, "and served"
+
+
+def test_holder_log_shows_the_memory_held_during_the_boot() -> None:
+    text = (VLLM / "oom-holder-trial-0002.log").read_text()
+    assert "holding 60.0 GiB; free 79.29 of 139.80 GiB" in text
+    assert text.index("holding") < text.index("is less than desired GPU memory utilization") < text.index("released")
+
+
+@pytest.mark.parametrize("path", sorted(SERVED), ids=lambda p: p.name)
+def test_served_boot_logs_match_no_failure_signature(path: Path) -> None:
+    """A boot that served must not look like a failure (vLLM's ulimit warning and SGLang's
+    torchao warnings included)."""
+    text = path.read_text()
+    assert SERVED[path] in text
+    assert match_signature(text) is None
+
+
+@pytest.mark.parametrize("path", sorted(SERVED), ids=lambda p: p.name)
+def test_served_logs_after_ready(path: Path) -> None:
+    """classify_serve on what the log holds after the ready line: fine while alive, a crash (not
+    an out-of-memory) if the server had died, request errors above the bound."""
+    text = path.read_text()
+    since_ready = text[text.index(SERVED[path]) :]
+    assert classify_serve(since_ready, alive=True, error_rate=0.0, max_error_rate=0.005) is None
+    assert classify_serve(since_ready, alive=False, error_rate=0.0, max_error_rate=0.005) == "crash_on_request"
+    assert classify_serve(since_ready, alive=True, error_rate=0.5, max_error_rate=0.005) == "request_errors"
+
+
+def test_oom_text_after_ready_makes_a_death_oom_load() -> None:
+    """The same out-of-memory text appended after a served boot: a server that then died is oom_load."""
+    served = (VLLM / "trial-0000-vllm-defaults-served.log").read_text()
+    oom_lines = [ln for ln in OOM_LOG.read_text().splitlines() if "is less than desired" in ln]
+    assert oom_lines
+    assert match_signature(oom_lines[0]) in OOM_CLASSES
+    assert classify_serve(served + "\n" + oom_lines[0], alive=False, error_rate=1.0, max_error_rate=0.005) == "oom_load"
+
+
+def test_rejected_speculative_config_log_is_vllms_validation_error() -> None:
+    text = REJECTED_LOG.read_text()
+    assert "max_num_scheduled_tokens is set to 0 based on the speculative decoding settings" in text
+    assert "'max_num_batched_tokens': 512" in text and "'num_speculative_tokens': 4" in text
+    assert _failures()[6] == "engine_died"  # what the study recorded, before this signature was known
+
+
+def test_rejected_speculative_config_should_be_invalid_config() -> None:
+    assert classify_boot(tail(REJECTED_LOG, max_lines=400), 1, timed_out=False) == "invalid_config"
