@@ -158,8 +158,8 @@ class SearchObjective:
         references = {t.number: t.user_attrs["checkpoints"] for t in feasible_trials(self.study)
                       if t.user_attrs.get("checkpoints")}  # fmt: skip
 
-        def factory(n_total: int) -> FrontWatch:
-            return FrontWatch(n_total, references, self.objective, self.ctx.slo, time.perf_counter())
+        def factory(n_total: int, boot_s: float) -> FrontWatch:
+            return FrontWatch(n_total, references, self.objective, self.ctx.slo, time.perf_counter(), boot_s)
 
         return factory
 

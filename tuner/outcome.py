@@ -16,9 +16,9 @@ from tuner.workloads.base import Workload
 
 MAX_ERROR_RATE = 0.005
 TTFT_AGREEMENT = 0.10  # client and server mean TTFT further apart than this: the trial is flagged
-# Called with the number of measured requests just before they are sent; returns the driver's
-# on_record callback, which may raise ``Pruned`` to stop the workload (``tuner.pruning``).
-WatchFactory = Callable[[int], Callable[[RequestRecord], None]]
+# Called with the number of measured requests and the boot time just before they are sent; returns
+# the driver's on_record callback, which may raise ``Pruned`` to stop the workload (``tuner.pruning``).
+WatchFactory = Callable[[int, float], Callable[[RequestRecord], None]]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class TrialResult:
     metrics: dict[str, float] = field(default_factory=dict)
     server: dict[str, float | None] = field(default_factory=dict)
     served_by: dict[str, Any] = field(default_factory=dict)
-    peak_memory_bytes: int = 0
+    peak_memory_bytes: int = 0  # device-wide on a GPU (another tenant's memory too)
+    engine_gpu_peak_bytes: int | None = None  # the engine's own processes (GPU; None: unknown)
     boot_s: float | None = None
     log_path: str = ""
     log_tail: str = ""

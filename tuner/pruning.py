@@ -10,6 +10,13 @@ throughput at least ``1 + MARGIN`` times higher (the trial is dominated with roo
 single objective, a value ``1 + MARGIN`` times better. The engine default is never pruned, nor are
 finalist repeats. A pruned trial is stored as PRUNED with the checkpoint, its running values and
 the drive time it saved (the time left at its own pace).
+
+Pruning is only worth it where the drive is long against the boot. A pruned trial has paid its boot
+and loses its final metrics and server statistics; on an H200, where boots take 70-175 s and the
+workload 3-6 s, pruning saved 4-10 s a trial (reports/gpu-h200.md). So a trial is not pruned when
+the time it would save is under ``MIN_SAVED_OF_BOOT`` of its own boot time: none of those four
+(they saved 5-11 % of their boots), and on the CPU build (boots of about 18 s, drives of 2-10 s)
+only the long drives.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from tuner.objectives import MIN, OBJECTIVES
 CHECKPOINTS = (0.25, 0.5, 0.75)
 MARGIN = 0.25
 MIN_REQUESTS = 8  # below this many completions a p95 is one or two requests: never judged
+MIN_SAVED_OF_BOOT = 0.25  # saving under a quarter of a boot: finishing costs little and measures everything
 
 
 class Pruned(Exception):
@@ -87,10 +95,10 @@ class FrontWatch:
 
     def __init__(
         self, n_total: int, references: Mapping[int, Mapping[str, Mapping[str, float]]], objective: str,
-        slo: Mapping[str, float], started_s: float,
+        slo: Mapping[str, float], started_s: float, boot_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.n_total, self.references, self.objective, self.slo = n_total, references, objective, slo
-        self.started_s = started_s
+        self.started_s, self.boot_s = started_s, boot_s
         self.counts = set(checkpoint_counts(n_total))
         self.done: list[dict[str, Any]] = []
 
@@ -104,9 +112,12 @@ class FrontWatch:
         n = len(self.done)
         if n not in self.counts:
             return
+        saved_s = max(r["done_s"] for r in self.done) * (self.n_total - n) / n
+        if saved_s < MIN_SAVED_OF_BOOT * self.boot_s:
+            self.counts = set()  # later checkpoints would save even less: let it finish
+            return
         mine = running_values(self.done, self.slo)
         for number, curve in self.references.items():
             ref = curve.get(str(n))
             if ref is not None and _clearly_better(ref, mine, self.objective):
-                elapsed = max(r["done_s"] for r in self.done)
-                raise Pruned(n, self.n_total, mine, elapsed * (self.n_total - n) / n, number)
+                raise Pruned(n, self.n_total, mine, saved_s, number)

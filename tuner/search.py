@@ -35,6 +35,7 @@ from tuner.resolve import (
 )
 from tuner.slots import Budget, Slot, run_slots
 from tuner.space import Space, load_space
+from tuner.space_fit import check_space_fits
 from tuner.study import bind_study_attrs, enqueue_defaults, open_study, storage_url
 from tuner.summary import trials_table
 from tuner.trial import TrialContext
@@ -113,6 +114,7 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         raise ConfigError("tuner worker needs a database many processes can share: --storage postgresql://user@host/db")
     with sole_process(url, name):
         study = open_for(opts, name, url)
+        check_space_fits(study, space, list(engines), list(model.drafts))  # before any attr or trial is written
         bind_study_attrs(study, study_attrs(opts, space, engines, device, model, workload, slo))
         if url.startswith("sqlite") and (lost := reclaim(study)):
             progress.line(f"{lost} trial(s) left running by an earlier run that stopped: marked FAIL and queued again")

@@ -57,7 +57,7 @@ def serve_workload(
             result.warnings.append("prefix cache not reset after warmup: the workload may start warm")
         before = scrape_metrics(client, server.base_url)
         ctx.progress.phase(number, "drive", f"{len(workload.requests)} requests at concurrency {workload.concurrency}")
-        on_record = watch(len(workload.requests)) if watch is not None else None
+        on_record = watch(len(workload.requests), result.boot_s or 0.0) if watch is not None else None
         started = time.monotonic()
         try:
             drove = drive_sync(

@@ -164,6 +164,7 @@ def record(
         "server": result.server,
         "served_by": result.served_by,
         "peak_memory_bytes": result.peak_memory_bytes,
+        "engine_gpu_peak_bytes": result.engine_gpu_peak_bytes,
         "boot_s": result.boot_s,
         "log_path": result.log_path,
         "log_tail": result.log_tail[-10000:],

@@ -65,12 +65,15 @@ def format_table(rows: list[tuple[str, ...]]) -> str:
 def search_effort(study: optuna.Study) -> str:
     """What the screen and the pruner spared: one line under the table."""
     attrs = [t.user_attrs for t in study.get_trials(deepcopy=False)]
-    booted = sum(1 for a in attrs if a.get("booted") or (a.get("boot_s") is not None))
+    # a twin copies its trial's attributes (boot_s too) but says booted=False; older trials lack the flag
+    booted = sum(1 for a in attrs if a.get("booted", a.get("boot_s") is not None))
     screened = sum(1 for a in attrs if a.get("failure") == "screened")
+    twins = sum(1 for a in attrs if a.get("duplicate_of") is not None)
     pruned = [a["pruned"] for a in attrs if a.get("pruned")]
     saved = sum(p["saved_s"] for p in pruned)
     return (f"{len(attrs)} trials: {booted} booted an engine, {screened} screened by the memory screen (never "
-            f"booted), {len(pruned)} pruned (about {saved:.0f} s of workload not driven)")  # fmt: skip
+            f"booted), {twins} told from an earlier trial of the same config (never booted), {len(pruned)} "
+            f"pruned (about {saved:.0f} s of workload not driven)")  # fmt: skip
 
 
 def trials_table(study: optuna.Study) -> str:

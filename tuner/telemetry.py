@@ -1,7 +1,10 @@
 """Device memory sampled through a trial, for the peak.
 
-On an NVIDIA GPU the reading is pynvml's used memory summed over the visible devices. On the CPU
-build it is the resident memory of the engine's whole process tree: the KV cache, weights and
+On an NVIDIA GPU the reading is pynvml's used memory summed over the visible devices: what decides
+whether the next allocation fits, another tenant's memory included. Beside it the sampler keeps the
+engine's own share, the compute processes pynvml lists that belong to the engine's process tree
+(unknown, None, where pynvml's pids are another namespace's and none matches). On the CPU build the
+reading is the resident memory of the engine's whole process tree: the KV cache, weights and
 activations all live there.
 """
 
@@ -18,12 +21,20 @@ from tuner.errors import EnvironmentSetupError
 SAMPLE_EVERY_S = 0.5
 
 
-def process_tree_rss(pid: int) -> int:
+def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return []
+
+
+def process_tree_pids(pid: int) -> set[int]:
+    return {proc.pid for proc in _tree(pid)}
+
+
+def process_tree_rss(pid: int) -> int:
+    procs = _tree(pid)
     total = 0
     for proc in procs:
         try:
@@ -41,6 +52,25 @@ def gpu_used_bytes(indices: list[int] | None = None) -> int:
         count = pynvml.nvmlDeviceGetCount()
         chosen = indices if indices is not None else list(range(count))
         return sum(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used) for i in chosen)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def gpu_process_bytes(pids: set[int], indices: list[int] | None = None) -> int | None:
+    """GPU memory held by the processes ``pids`` (the engine's tree), from pynvml's compute process
+    list; None when none of them is listed."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        chosen = indices if indices is not None else list(range(pynvml.nvmlDeviceGetCount()))
+        mine = [
+            int(proc.usedGpuMemory or 0)
+            for i in chosen
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))
+            if proc.pid in pids
+        ]
+        return sum(mine) if mine else None
     finally:
         pynvml.nvmlShutdown()
 
@@ -70,16 +100,25 @@ class MemorySampler:
         self._pid = pid
         self._gpus = list(gpus) if gpus is not None else None  # a slot's GPUs: the others are not its
         self.peak_bytes = 0
+        self.engine_peak_bytes: int | None = None  # GPU only: the engine's own processes' share
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
 
     def read(self) -> int:
         return process_tree_rss(self._pid) if self._device_kind == "cpu" else gpu_used_bytes(self._gpus)
 
+    def read_engine(self) -> int | None:
+        if self._device_kind == "cpu":
+            return None
+        return gpu_process_bytes(process_tree_pids(self._pid), self._gpus)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.peak_bytes = max(self.peak_bytes, self.read())
+                engine = self.read_engine()
+                if engine is not None:
+                    self.engine_peak_bytes = max(self.engine_peak_bytes or 0, engine)
             except Exception:  # noqa: BLE001 - a failed reading must never fail the trial
                 pass
             self._stop.wait(SAMPLE_EVERY_S)

@@ -53,6 +53,7 @@ def run_trial(
                 stress_run(number, server, adapter, ctx, result)
             result.log_tail = tail(log_path)
     result.peak_memory_bytes = memory.peak_bytes
+    result.engine_gpu_peak_bytes = memory.engine_peak_bytes
     result.memory_facts = parse_facts(head(log_path))
     return result
 

@@ -75,7 +75,7 @@ class TableRunner:
         return result
 
     def _pruned(self, rows: list[dict[str, Any]], watch: WatchFactory, result: TrialResult) -> bool:
-        on_record = watch(len(rows))
+        on_record = watch(len(rows), float(result.phases_s.get("boot") or 0.0))
         t0 = time.perf_counter()
         for r in sorted(rows, key=lambda r: r["done_s"] if r["done_s"] is not None else r["sent_s"]):
             record = RequestRecord("x", t0 + r["sent_s"], None if r["first_s"] is None else t0 + r["first_s"],

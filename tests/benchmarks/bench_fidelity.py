@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,7 @@ STALL_PROBE = (
     "print(json.dumps({'p99_ms': lags[int(0.99 * (len(lags) - 1))] * 1e3, 'max_ms': lags[-1] * 1e3}))\n"
 )
 GOAL_PCT = 5.0
+SERVER_CORE, CLIENT_CORE = 1, 0  # --pin
 QUIET_STALL_MS = 20.0
 VLLM_BENCH = (
     "import argparse, sys\n"
@@ -241,7 +243,7 @@ def bootstrap_rel_diff(
     return float(low), float(high)
 
 
-def run(n: int, rounds: int, concurrencies: list[int]) -> dict[str, Any]:
+def run(n: int, rounds: int, concurrencies: list[int], pin: bool = False) -> dict[str, Any]:
     code = _report.code_state()
     machine_before = _report.machine()
     env = _engine.vllm_env()
@@ -251,6 +253,10 @@ def run(n: int, rounds: int, concurrencies: list[int]) -> dict[str, Any]:
     config = Config("vllm", {"memory_fraction": 0.9}, enforce_eager=True)
     spec = adapter.launch(config, model, Device("cpu", "cpu", 32 * 2**20), free_port(), env.python, env.version)
     spec = replace(spec, env={**spec.env, "VLLM_SERVER_DEV_MODE": "1"})
+    if pin:  # the server's whole tree on one core (its OMP threads too), the clients on the other
+        spec = replace(spec, argv=("taskset", "-c", str(SERVER_CORE), *spec.argv),
+                       env={**spec.env, "VLLM_CPU_OMP_THREADS_BIND": str(SERVER_CORE)})  # fmt: skip
+        os.sched_setaffinity(0, {CLIENT_CORE})  # inherited by vllm bench serve and the stall probe
     tokenizer = load_tokenizer(Path(model.path))
     workload = build_workload("rag", tokenizer, seed=0, n_requests=n, max_model_len=MAX_MODEL_LEN, concurrency=1)
     dataset = out / "rag-prompts.sharegpt.json"
@@ -278,6 +284,7 @@ def run(n: int, rounds: int, concurrencies: list[int]) -> dict[str, Any]:
         "code": code, "machine_before": machine_before, "machine_after": _report.machine(),
         "engine_version": env.version, "workload_digest": workload.digest(), "argv": list(spec.argv), "boot_s": boot_s,
         "requests": n, "rounds": rounds, "concurrencies": concurrencies,
+        "pinned": {"server_core": SERVER_CORE, "client_core": CLIENT_CORE} if pin else None,
         "prompt_tokens": [r.prompt_tokens for r in workload.requests], "server_alive_at_end": alive,
         "logs": str(out.relative_to(_report.ROOT)), "engine_processes_after": leftover,
         "runs": [_as_dict(r) for r in runs], "comparisons": [_compare(runs, c) for c in concurrencies],
@@ -436,7 +443,11 @@ def markdown(data: dict[str, Any], title: str = "## Fidelity against the engine 
         f"Run {m0['date_utc']}, vLLM {data['engine_version']} CPU build, booted in {data['boot_s']:.0f} s; "
         f"{data['requests']} rag requests (seed 0, prompts {min(lens)}-{max(lens)} tokens, 48 output tokens, "
         f"ignore_eos, temperature 0) per tool, concurrency and round, {data['rounds']} rounds, the prefix cache "
-        "reset before every run, tools alternated. Logs and raw `vllm bench serve` JSON: "
+        "reset before every run, tools alternated. "
+        + (f"Pinned: vLLM's whole process tree on core {data['pinned']['server_core']} (`taskset`, "
+           f"`VLLM_CPU_OMP_THREADS_BIND`), both clients and the stall probe on core {data['pinned']['client_core']}. "
+           if data.get("pinned") else "")
+        + "Logs and raw `vllm bench serve` JSON: "
         f"`{data['logs']}`. {_report.contention(m0, m1)} "
         + (_report.describe_code(data["code"]) if "code" in data else data.get("code_note", "")),
         "Each run (server = the server's own TTFT histogram, sum/count deltas over that run; merged = share of "
@@ -467,10 +478,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--pin", action="store_true", help="vLLM on core 1, both clients on core 0 (taskset)")
     args = parser.parse_args()
-    data = run(args.requests, args.rounds, args.concurrency)
-    text = markdown(data)
-    _report.write_section(NAME, text, data)
+    data = run(args.requests, args.rounds, args.concurrency, args.pin)
+    if args.pin:
+        title = "## Fidelity against the engine, server and clients on separate cores (`bench_fidelity --pin`)"
+        text = markdown(data, title)
+        _report.write_section(f"{NAME}_pinned", text, data)
+    else:
+        text = markdown(data)
+        _report.write_section(NAME, text, data)
     print(text)
     if data["engine_processes_after"]:
         print("engine processes still alive:", *data["engine_processes_after"], sep="\n", file=sys.stderr)

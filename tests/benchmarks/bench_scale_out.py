@@ -1,7 +1,7 @@
 """Scale-out: the same study budget run by 1, 2 and 3 `tuner worker` processes on one PostgreSQL.
 
 Run: ``scripts/test.sh``'s PostgreSQL must be up: ``TUNER_TEST_POSTGRES=postgresql+psycopg2://...
-.venv/bin/python -m tests.benchmarks.bench_scale_out [--trials 6]`` (about 15 minutes on 2 cores).
+.venv/bin/python -m tests.benchmarks.bench_scale_out [--trials 6] [--rounds 2]`` (about 12 minutes on 2 cores).
 Not part of the default test run. Writes ``reports/scale-out.md`` and ``reports/scale_out.json``.
 
 Each run makes a fresh study (``tuner search --trials 0``: the engine default enqueued, nothing
@@ -88,25 +88,41 @@ def _measure(study: optuna.Study, workers: int, trials: int, wall: float, kill: 
         "retried": sum(1 for t in study.trials if "failed_trial" in t.system_attrs),
         "distinct_workers": len({(t.user_attrs["worker"]["host"], t.user_attrs["worker"]["pid"]) for t in complete}),
         "wall_s": round(wall, 1), "wall_per_trial_s": round(wall / max(len(complete), 1), 1),
-        "boot_s_median": statistics.median(p.get("boot", 0) for p in phases) if phases else None,
-        "drive_s_median": statistics.median(p.get("drive", 0) for p in phases) if phases else None,
+        "boot_s": _spread([p.get("boot", 0) for p in phases]),
+        "drive_s": _spread([p.get("drive", 0) for p in phases]),
     }  # fmt: skip
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    """Median and range of a run's per-trial times (None: no completed trial)."""
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def _cell(spread: dict[str, float] | None) -> str:
+    return "-" if spread is None else f"{spread['median']} ({spread['min']}-{spread['max']})"
 
 
 def render(data: dict[str, Any]) -> str:
     runs = data["runs"]
-    base = next(r for r in runs if r["workers"] == 1 and not r["killed"])["wall_s"]
-    header = ["workers", "killed", "requested", "completed", "failed", "duplicates", "retried", "workers seen",
-              "wall s", "wall s / trial", "boot s (median)", "drive s (median)", "speedup vs 1"]  # fmt: skip
-    rows = [[r["workers"], r["killed"], r["requested"], r["completed"], r["failed"], r["duplicates"], r["retried"],
-             r["distinct_workers"], r["wall_s"], r["wall_per_trial_s"], r["boot_s_median"], r["drive_s_median"],
-             f"{base / r['wall_s']:.2f}x"] for r in runs]  # fmt: skip
+    header = ["round", "workers", "killed", "requested", "completed", "failed", "duplicates", "retried",
+              "workers seen", "wall s", "wall s / trial", "boot s median (min-max)",
+              "drive s median (min-max)"]  # fmt: skip
+    rows = [[r["round"], r["workers"], r["killed"], r["requested"], r["completed"], r["failed"], r["duplicates"],
+             r["retried"], r["distinct_workers"], r["wall_s"], r["wall_per_trial_s"], _cell(r["boot_s"]),
+             _cell(r["drive_s"])] for r in runs]  # fmt: skip
     return "\n".join([
         "# Scale-out (`tests/benchmarks/bench_scale_out.py`)", "",
         f"Run {data['when']} on {data['machine']}: `tuner worker` processes against one PostgreSQL study "
         f"(PostgreSQL {data['postgres']}), real vLLM CPU engines, {data['trials']} booted trials requested per run "
         "(rag, 6 requests each, chunk size x max_num_seqs space), heartbeat 2 s, grace 12 s. All runs measured "
-        "in this one invocation, one after another.", "",
+        f"in this one invocation, {data['rounds']} rounds of 1, 2, 3 workers and 3 with one SIGKILLed, "
+        "interleaved.", "",
+        "## Wall time to the study's budget, by worker count", "",
+        _report.table(["workers", "killed", "runs", "wall s median (min-max)", "speedup vs 1 worker (medians)"],
+                      _summary(runs)), "",
+        "## Every run", "",
         _report.table(header, rows), "",
         "What limits the speedup here: every worker's engine runs on the same 2 CPU cores, so parallel trials "
         "slow each other down (boot and drive times above grow with the workers); the speedup on a host with a "
@@ -114,19 +130,32 @@ def render(data: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
+def _summary(runs: list[dict[str, Any]]) -> list[list[Any]]:
+    groups: dict[tuple[int, int], list[float]] = {}
+    for r in runs:
+        groups.setdefault((r["workers"], r["killed"]), []).append(r["wall_s"])
+    base = statistics.median(groups[(1, 0)])
+    return [[w, k, len(v), _cell(_spread(v)), f"{base / statistics.median(v):.2f}x"]
+            for (w, k), v in sorted(groups.items())]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     url = os.environ["TUNER_TEST_POSTGRES"]
     work = _report.ROOT / "studies" / "logs" / "benchmarks" / f"scale-out-{time.strftime('%Y%m%d-%H%M%S')}"
     work.mkdir(parents=True, exist_ok=True)
     (work / "space.yaml").write_text(SPACE)
-    runs = [one_run(url, n, args.trials, work) for n in (1, 2, 3)]
-    runs.append(one_run(url, 3, args.trials, work, kill=True))
+    runs = []
+    for round_ in range(1, args.rounds + 1):
+        for workers, kill in ((1, False), (2, False), (3, False), (3, True)):
+            runs.append({"round": round_, **one_run(url, workers, args.trials, work, kill=kill)})
     version = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.split()[-1]
     data = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trials": args.trials, "runs": runs,
-            "machine": f"{os.cpu_count()} CPUs", "postgres": version, "logs": str(work)}  # fmt: skip
+            "rounds": args.rounds, "machine": f"{os.cpu_count()} CPUs", "postgres": version,
+            "logs": str(work)}  # fmt: skip
     (_report.REPORTS / "scale-out.md").write_text(render(data))
     (_report.REPORTS / "scale_out.json").write_text(json.dumps(data, indent=1) + "\n")
     print(render(data))

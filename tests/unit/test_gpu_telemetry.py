@@ -64,6 +64,10 @@ def fake_pynvml(head: dict[str, object], rows: list[dict[str, object]]) -> types
     mod.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)  # type: ignore[attr-defined]
     mod.nvmlDeviceGetName = lambda h: head["name"]  # type: ignore[attr-defined]
     mod.nvmlDeviceGetMemoryInfo = memory  # type: ignore[attr-defined]
+    # the compute processes of the same reading (the sampler reads memory first, then processes)
+    mod.nvmlDeviceGetComputeRunningProcesses = lambda h: [  # type: ignore[attr-defined]
+        types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in state["last"]["procs"]
+    ]
     mod.state = state  # type: ignore[attr-defined]
     return mod
 
@@ -140,3 +144,36 @@ def test_memory_fraction_bounds_the_measured_peak() -> None:
         assert isinstance(config, dict) and config["memory_fraction"] == fraction
         over = int(_recorded(number, "peak_memory_bytes")) - fraction * total  # type: ignore[arg-type]
         assert 0.5 * GIB < over < 2.0 * GIB, (number, over / GIB)
+
+
+@pytest.mark.parametrize(
+    ("number", "engine_pid", "engine_gib"),
+    [(10, 6025, (133.5, 134.0)), (2, 3614, (0.4, 0.6))],
+)
+def test_the_engines_own_share_leaves_out_other_processes(
+    monkeypatch: pytest.MonkeyPatch, number: int, engine_pid: int, engine_gib: tuple[float, float]
+) -> None:
+    """Trial 10 began while the previous trial's engine (pid 5580, 106 GiB) was still letting go, and
+    trial 2 beside the 60 GiB holder (pid 2176): the device peak counts them, the engine's own does not."""
+    head, rows = _load(f"pynvml-trial-{number:04d}.jsonl")
+    fake = fake_pynvml(head, rows)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(telemetry, "SAMPLE_EVERY_S", 0.001)
+    monkeypatch.setattr(telemetry, "process_tree_pids", lambda pid: {pid})
+    with telemetry.MemorySampler("cuda", pid=engine_pid) as sampler:
+        deadline = time.monotonic() + 10
+        while fake.state["calls"] < len(rows) + 2 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.005)
+    assert sampler.engine_peak_bytes is not None
+    low, high = engine_gib
+    assert low * GIB < sampler.engine_peak_bytes < high * GIB
+    assert sampler.engine_peak_bytes < sampler.peak_bytes
+    assert sys.modules["pynvml"].state["open"] == 0  # type: ignore[attr-defined]
+
+
+def test_an_engine_pynvml_does_not_list_is_unknown_not_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container pynvml may list the host's pids: no process of the tree matches, so None."""
+    head, rows = _load("pynvml-trial-0010.jsonl")
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(head, rows[-5:]))
+    assert telemetry.gpu_process_bytes({1}) is None
+    assert telemetry.gpu_process_bytes({6025}) == rows[-5]["procs"][-1][1]

@@ -55,7 +55,7 @@ class ScriptedEngine:
         per_request = 0.5 * 2048 / int(config.params.get("chunk_size", 2048))
         records = [RequestRecord(str(i), 100.0 + i * per_request, 100.0 + i * per_request + per_request / 5,
                                  100.0 + (i + 1) * per_request, (), (), 48, 900, None) for i in range(40)]  # fmt: skip
-        on_record = watch(40) if watch is not None else None
+        on_record = watch(40, 0.0) if watch is not None else None
         t0 = time.perf_counter()  # a real drive's records are on this clock, after the watch started
         records = [replace(r, sent_s=r.sent_s - 100.0 + t0, first_token_s=r.first_token_s - 100.0 + t0,  # type: ignore[operator]
                            done_s=r.done_s - 100.0 + t0) for r in records]  # type: ignore[operator]  # fmt: skip

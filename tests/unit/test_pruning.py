@@ -7,7 +7,15 @@ import math
 import pytest
 
 from tuner.driver import RequestRecord
-from tuner.pruning import MIN_REQUESTS, FrontWatch, Pruned, checkpoint_counts, checkpoints, running_values
+from tuner.pruning import (
+    MIN_REQUESTS,
+    MIN_SAVED_OF_BOOT,
+    FrontWatch,
+    Pruned,
+    checkpoint_counts,
+    checkpoints,
+    running_values,
+)
 
 
 def _rows(n: int, ttft_s: float, gap_s: float, tokens: int = 48) -> list[dict[str, object]]:
@@ -74,3 +82,19 @@ def test_single_objective_pruning_compares_that_objective() -> None:
     with pytest.raises(Pruned):
         for record in _records(_rows(40, 0.1, 1.5), 1000.0):
             watch(record)
+
+
+def test_a_trial_whose_rest_is_short_against_its_boot_is_not_pruned() -> None:
+    """As on the H200 (boot 70-175 s, drive 3-6 s): stopping would save little and lose the metrics."""
+    ref = checkpoints(_rows(40, 0.1, 0.5), {"ttft_p95_ms": 500.0})
+    rows = _rows(40, 0.3, 1.5)  # clearly dominated; 18 s for the first 10, 54 s left at its pace
+    slow = 54.0 / MIN_SAVED_OF_BOOT * 1.1
+    slow_boot = FrontWatch(40, {7: ref}, "pareto", {"ttft_p95_ms": 500.0}, 1000.0, boot_s=slow)
+    for record in _records(rows, 1000.0):
+        slow_boot(record)
+    assert len(slow_boot.done) == 40
+    quick = 54.0 / MIN_SAVED_OF_BOOT * 0.9
+    quick_boot = FrontWatch(40, {7: ref}, "pareto", {"ttft_p95_ms": 500.0}, 1000.0, boot_s=quick)
+    with pytest.raises(Pruned):  # a bit more than the share of this boot: worth it
+        for record in _records(rows, 1000.0):
+            quick_boot(record)
