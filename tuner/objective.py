@@ -31,6 +31,7 @@ from tuner.memory import estimate
 from tuner.memory_facts import observations
 from tuner.outcome import TrialContext, TrialResult, WatchFactory
 from tuner.pruning import FrontWatch
+from tuner.rejections import REJECTED, rejected_like
 from tuner.space import Space, suggest
 from tuner.study import CONSTRAINT, DEFAULT_KIND, feasible_trials, record
 
@@ -86,6 +87,9 @@ class SearchObjective:
         twin = None if is_default else self._measured_twin(config)
         if twin is not None:
             return self._duplicate(trial, config, twin, estimate_attrs)
+        like = rejected_like(config, finished) if self.screen else None
+        if like is not None:
+            return self._rejected(trial, config, like, estimate_attrs)
         if not (self.screen and not is_default and est is not None and not est.fits):
             return Prepared(config, estimate_attrs, is_default)
         result = self._screened(trial.number, config, est.as_dict())
@@ -162,6 +166,20 @@ class SearchObjective:
             return FrontWatch(n_total, references, self.objective, self.ctx.slo, time.perf_counter(), boot_s)
 
         return factory
+
+    def _rejected(
+        self, trial: optuna.Trial, config: Config, like: optuna.trial.FrozenTrial, est: dict[str, Any] | None
+    ) -> Prepared:
+        adapter, env = self.ctx.engines[config.engine]
+        launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
+        why = f"no easier than trial {like.number}, which the engine rejected for its draft slots; not booted"
+        self.ctx.progress.phase(trial.number, "known", f"{config.engine} {_describe(config)}: {why}")
+        result = TrialResult(config=config, launch=launch, engine_version=env.version, failure=REJECTED)
+        result.memory_estimate = est
+        values = record(trial, result, self.objective, self.ctx.slo)
+        trial.set_user_attr("booted", False)
+        trial.set_user_attr("rejected_like", like.number)
+        return Prepared(config, est, False, told=True, values=values)
 
     def _screened(self, number: int, config: Config, est: dict[str, Any]) -> TrialResult:
         adapter, env = self.ctx.engines[config.engine]

@@ -1,0 +1,91 @@
+"""A config the engine rejected for its draft slots teaches the search which others it will reject:
+the rule on its own, on the H200 study's real rejected trial, and through the search objective."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from tests.unit.test_gpu_telemetry import STUDY
+from tests.unit.test_objective import ScriptedEngine, _study
+from tests.unit.test_objective import ctx as ctx  # noqa: F401  (a fixture)
+from tuner.engines.base import Config
+from tuner.failures import classify_boot
+from tuner.objective import SearchObjective
+from tuner.outcome import TrialContext, TrialResult, WatchFactory
+from tuner.rejections import no_easier, rejected_like
+from tuner.space import Space
+from tuner.summary import search_effort
+
+REJECTED = {"chunk_size": 512, "num_speculative_tokens": 2, "draft_model": "draft-2l", "memory_fraction": 0.9}
+
+
+@pytest.mark.parametrize(
+    ("change", "rejected"),
+    [
+        ({}, True),
+        ({"num_speculative_tokens": 4}, True),
+        ({"chunk_size": 256, "memory_fraction": 0.7}, True),  # memory plays no part
+        ({"chunk_size": 1024}, False),
+        ({"num_speculative_tokens": 1}, False),
+        ({"draft_model": "ngram"}, False),
+        ({"max_num_seqs": 64}, False),  # the rejected one ran the default: not comparable
+    ],
+)
+def test_no_easier_on_batched_and_speculative_tokens_and_sequences(change: dict[str, object], rejected: bool) -> None:
+    assert no_easier({**REJECTED, **change}, REJECTED) is rejected
+
+
+def _gpu_trial(number: int) -> optuna.trial.FrozenTrial:
+    return optuna.load_study(study_name="rag-h200", storage=f"sqlite:///{STUDY}").trials[number]
+
+
+def test_the_h200_rejection_is_generalised_and_nothing_else() -> None:
+    """Trial 13 of the H200 study: vLLM 0.26 rejected chunk 512 with draft-2l at K = 2."""
+    trial = _gpu_trial(13)
+    assert trial.user_attrs["failure"] == "invalid_config"
+    assert classify_boot(trial.user_attrs["log_tail"], 1, False) == "invalid_config"
+    harder = Config("vllm", {**trial.user_attrs["config"], "num_speculative_tokens": 5})
+    assert rejected_like(harder, [trial]) is trial
+    easier = Config("vllm", {**trial.user_attrs["config"], "chunk_size": 2048})
+    assert rejected_like(easier, [trial]) is None
+    assert rejected_like(Config("sglang", dict(harder.params)), [trial]) is None
+    served = _gpu_trial(9)  # a served trial is never evidence
+    assert rejected_like(Config("vllm", {**served.user_attrs["config"]}), [served]) is None
+
+
+class RejectingEngine(ScriptedEngine):
+    """vLLM as on the H200: chunk 512 with K >= 2 fails its config validation at engine start."""
+
+    def __call__(
+        self, number: int, config: Config, trial_ctx: TrialContext, watch: WatchFactory | None = None
+    ) -> TrialResult:
+        if config.params.get("chunk_size") == 512 and int(config.params.get("num_speculative_tokens", 0)) >= 2:
+            result = super().__call__(number, Config("vllm", {"memory_fraction": 0.9}), trial_ctx)  # counts the boot
+            result.config, result.failure, result.metrics = config, "invalid_config", {}
+            result.log_tail = ("ValueError: max_num_scheduled_tokens is set to 0 based on the speculative decoding "
+                               "settings, which does not allow any tokens to be scheduled.")  # fmt: skip
+            return result
+        return super().__call__(number, config, trial_ctx, watch)
+
+
+def test_the_search_records_a_config_no_easier_than_a_rejected_one_without_a_boot(
+    ctx: TrialContext,  # noqa: F811
+) -> None:
+    study, engine = _study(), RejectingEngine()
+    space = Space.model_validate({"engines": ["vllm"], "parameters": {
+        "memory_fraction": {"choices": [0.9]}, "chunk_size": {"choices": [512, 2048]},
+        "num_speculative_tokens": {"choices": [0, 2, 4]}, "draft_model": {"choices": ["draft-2l"]}}})  # fmt: skip
+    fixed = {"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.draft_model": "draft-2l"}
+    study.enqueue_trial({**fixed, "vllm.chunk_size": 512, "vllm.num_speculative_tokens": 2})
+    study.enqueue_trial({**fixed, "vllm.chunk_size": 512, "vllm.num_speculative_tokens": 4})
+    study.enqueue_trial({**fixed, "vllm.chunk_size": 2048, "vllm.num_speculative_tokens": 4})
+    objective = SearchObjective(study, space, ctx, runner=engine, prune=False)
+    study.optimize(objective, n_trials=3)
+    first, second, third = study.trials
+    assert first.user_attrs["failure"] == "invalid_config" and first.user_attrs["booted"] is True
+    assert second.user_attrs["failure"] == "invalid_config" and second.user_attrs["rejected_like"] == 0
+    assert second.user_attrs["booted"] is False and second.user_attrs["constraint_violation"] > 0
+    assert third.user_attrs["failure"] is None and third.user_attrs["booted"] is True
+    assert len(engine.booted) == 2 and objective.boots == 2
+    assert search_effort(study).startswith("3 trials: 2 booted an engine")

@@ -1,0 +1,55 @@
+"""Configs the engine's own validation must reject, learned from one it rejected: not booted again.
+
+vLLM refuses, at engine start, a speculative config whose draft slots leave no token to schedule
+("max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"; vLLM 0.26 on
+the H200 rejected chunk 512 with the 2-layer draft at K = 2 and K = 4, 22 s into each boot). The
+exact budget differs between vLLM versions, but its direction does not: fewer batched tokens
+(``chunk_size``), more speculative tokens or more sequences only make it worse. So a config that
+is no easier than a rejected one on all three, with the same engine and draft, is rejected alike
+and recorded as ``invalid_config`` without a boot (``rejected_like`` names the trial). Other
+rejections are not generalised: their cause need not be monotone in anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import optuna
+
+from tuner.engines.base import Config
+
+SPEC_SLOTS = re.compile(r"max_num_scheduled_tokens is set to -?\d+ based on the speculative decoding settings")
+REJECTED = "invalid_config"
+
+
+def rejected_like(config: Config, trials: Iterable[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+    """The first earlier trial rejected for its draft slots that ``config`` is no easier than."""
+    if config.is_default or not config.params.get("num_speculative_tokens"):
+        return None
+    for t in trials:
+        a = t.user_attrs
+        if a.get("failure") != REJECTED or a.get("engine") != config.engine or a.get("rejected_like") is not None:
+            continue  # a rejection told from another is not evidence of its own
+        if SPEC_SLOTS.search(a.get("log_tail") or "") and no_easier(config.params, a.get("config") or {}):
+            return t
+    return None
+
+
+def no_easier(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """At most the batched tokens, at least the speculative tokens and sequences, the same draft. An
+    absent parameter is the engine's default: comparable only with another absent one."""
+    if new.get("draft_model") != old.get("draft_model"):
+        return False
+    return (
+        _compare(new.get("chunk_size"), old.get("chunk_size"), lambda n, o: n <= o)
+        and _compare(new.get("num_speculative_tokens"), old.get("num_speculative_tokens"), lambda n, o: n >= o)
+        and _compare(new.get("max_num_seqs"), old.get("max_num_seqs"), lambda n, o: n >= o)
+    )
+
+
+def _compare(new: int | None, old: int | None, holds: Any) -> bool:
+    if new is None or old is None:
+        return new is None and old is None
+    return bool(holds(new, old))
