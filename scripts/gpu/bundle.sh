@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-.gpubundle}
-PIECE=${PIECE:-59768832}  # 57 MiB: with the working tree (about 4.7 MiB on 2026-12-01) under the 64 MiB a call carries
+PIECE=${PIECE:-52428800}  # 50 MiB: with the working tree (5.3 MiB on 2026-12-01, growing) and the tuner tarball under the 64 MiB a call carries
 for s in tuner vllm sglang; do cp "$B/sets/$s.txt" "scripts/gpu/wheels-$s.txt"; done
 sort -u "$B/sets/tuner.txt" "$B/sets/vllm.txt" > "$B/a.list"
 sort -u "$B/sets/sglang.txt" | comm -23 - "$B/a.list" > "$B/b.list"
