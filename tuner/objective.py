@@ -89,14 +89,13 @@ class SearchObjective:
             return self._duplicate(trial, config, twin, estimate_attrs)
         like = rejected_like(config, finished) if self.screen else None
         if like is not None:
-            return self._rejected(trial, config, like, estimate_attrs)
+            why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
+            return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)
         if not (self.screen and not is_default and est is not None and not est.fits):
             return Prepared(config, estimate_attrs, is_default)
-        result = self._screened(trial.number, config, est.as_dict())
-        result.memory_estimate = estimate_attrs
-        values = record(trial, result, self.objective, ctx.slo)
-        trial.set_user_attr("booted", False)
-        return Prepared(config, estimate_attrs, is_default, told=True, values=values)
+        why = (f"KV cache for {est.predicted_tokens} tokens predicted, {est.required_tokens} needed "
+               f"({est.basis})")  # fmt: skip
+        return self._not_booted(trial, config, SCREENED, SCREENED, why, estimate_attrs)
 
     def _measured_twin(self, config: Config) -> optuna.trial.FrozenTrial | None:
         """An earlier search trial that booted this very config (a sampler proposes one again when it
@@ -167,30 +166,21 @@ class SearchObjective:
 
         return factory
 
-    def _rejected(
-        self, trial: optuna.Trial, config: Config, like: optuna.trial.FrozenTrial, est: dict[str, Any] | None
-    ) -> Prepared:
+    def _not_booted(
+        self, trial: optuna.Trial, config: Config, failure: str, phase: str, why: str,
+        est: dict[str, Any] | None, **attrs: object,
+    ) -> Prepared:  # fmt: skip
+        """Record, with ``failure`` and no boot, a config screened out or rejected like an earlier one."""
         adapter, env = self.ctx.engines[config.engine]
         launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
-        why = f"no easier than trial {like.number}, which the engine rejected for its draft slots; not booted"
-        self.ctx.progress.phase(trial.number, "known", f"{config.engine} {_describe(config)}: {why}")
-        result = TrialResult(config=config, launch=launch, engine_version=env.version, failure=REJECTED)
+        self.ctx.progress.phase(trial.number, phase, f"{config.engine} {_describe(config)}: {why}; not booted")
+        result = TrialResult(config=config, launch=launch, engine_version=env.version, failure=failure)
         result.memory_estimate = est
         values = record(trial, result, self.objective, self.ctx.slo)
         trial.set_user_attr("booted", False)
-        trial.set_user_attr("rejected_like", like.number)
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
         return Prepared(config, est, False, told=True, values=values)
-
-    def _screened(self, number: int, config: Config, est: dict[str, Any]) -> TrialResult:
-        adapter, env = self.ctx.engines[config.engine]
-        launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
-        self.ctx.progress.phase(
-            number, SCREENED,
-            f"{config.engine} {_describe(config)}: KV cache for {est['predicted_tokens']} tokens predicted, "
-            f"{est['required_tokens']} needed ({est['basis']}); not booted",
-        )  # fmt: skip
-        return TrialResult(config=config, launch=launch, engine_version=env.version, failure=SCREENED)
-
 
 def _describe(config: Config) -> str:
     return " ".join(f"{k}={v}" for k, v in config.params.items())

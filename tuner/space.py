@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 import yaml
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -148,6 +149,33 @@ def load_space(path: Path | None = None) -> Space:
         raise ConfigError(f"{where}: {key}: {first['msg']}") from exc
 
 
+def distributions(space: Space, engines: Sequence[str], drafts: Sequence[str]) -> dict[str, BaseDistribution]:
+    """Every distribution ``suggest`` can ask for, by Optuna parameter name: ``engine``, then each
+    engine's own (``vllm.chunk_size``, ...). A draft model only where there is one to speculate with."""
+    out: dict[str, BaseDistribution] = {"engine": CategoricalDistribution(list(engines))}
+    p = space.parameters
+    draft_choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
+    for engine in engines:
+        name = f"{engine}.{{}}".format
+        for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
+            choices: Choices | None = getattr(p, key)
+            if choices is not None:
+                out[name(key)] = CategoricalDistribution(choices.choices)
+        if isinstance(p.memory_fraction, FractionChoices):
+            out[name("memory_fraction")] = CategoricalDistribution(p.memory_fraction.choices)
+        elif p.memory_fraction is not None:
+            r = p.memory_fraction
+            out[name("memory_fraction")] = FloatDistribution(r.low, r.high, step=r.step)
+        ks = p.num_speculative_tokens
+        if ks is None or not draft_choices:
+            continue  # nothing to speculate with: not tuned, so no trial claims a K it never ran
+        out[name("num_speculative_tokens")] = (
+            CategoricalDistribution(ks.choices) if isinstance(ks, CountChoices) else IntDistribution(ks.low, ks.high)
+        )
+        out[name("draft_model")] = CategoricalDistribution(draft_choices)
+    return out
+
+
 def suggest(
     trial: optuna.Trial, space: Space, engines: Sequence[str], drafts: Sequence[str], is_default: bool
 ) -> Config:
@@ -156,34 +184,23 @@ def suggest(
     eager = space.static.enforce_eager
     if is_default:
         return Config(engine=engine, params={}, enforce_eager=eager, is_default=True)
-    p, params = space.parameters, {}
+    dists, params = distributions(space, [engine], drafts), {}
     name = f"{engine}.{{}}".format
-    for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
-        choices: Choices | None = getattr(p, key)
-        if choices is not None:
-            params[key] = trial.suggest_categorical(name(key), choices.choices)
-    if isinstance(p.memory_fraction, FractionChoices):
-        params["memory_fraction"] = trial.suggest_categorical(name("memory_fraction"), p.memory_fraction.choices)
-    elif p.memory_fraction is not None:
-        r = p.memory_fraction
-        fraction = trial.suggest_float(name("memory_fraction"), r.low, r.high, step=r.step)
-        params["memory_fraction"] = round(fraction, 6)  # 0.30000000000000004 from the step grid
-    params.update(_suggest_speculation(trial, p, drafts, name))
+    for key in ("chunk_size", "max_num_seqs", "tensor_parallel", "memory_fraction", "num_speculative_tokens"):
+        if name(key) in dists:
+            params[key] = _draw(trial, name(key), dists[name(key)])
+    if isinstance(dists.get(name("memory_fraction")), FloatDistribution):
+        params["memory_fraction"] = round(params["memory_fraction"], 6)  # 0.30000000000000004 from the step grid
+    if params.get("num_speculative_tokens"):
+        params["num_speculative_tokens"] = int(params["num_speculative_tokens"])
+        params["draft_model"] = _draw(trial, name("draft_model"), dists[name("draft_model")])
     return Config(engine=engine, params=params, enforce_eager=eager)
 
 
-def _suggest_speculation(trial: optuna.Trial, p: Parameters, drafts: Sequence[str], name: Any) -> dict[str, Any]:
-    choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
-    if p.num_speculative_tokens is None or not choices:
-        return {}  # nothing to speculate with: not tuned, so no trial claims a K it never ran
-    ks = p.num_speculative_tokens
-    if isinstance(ks, CountChoices):
-        k = int(trial.suggest_categorical(name("num_speculative_tokens"), ks.choices))
-    else:
-        k = trial.suggest_int(name("num_speculative_tokens"), ks.low, ks.high)
-    if k == 0:
-        return {"num_speculative_tokens": 0}
-    return {
-        "num_speculative_tokens": k,
-        "draft_model": trial.suggest_categorical(name("draft_model"), choices),
-    }
+def _draw(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high)
+    assert isinstance(dist, FloatDistribution)
+    return trial.suggest_float(name, dist.low, dist.high, step=dist.step)

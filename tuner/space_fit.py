@@ -21,34 +21,7 @@ from optuna.distributions import (
 )
 
 from tuner.errors import ConfigError
-from tuner.space import CountChoices, FractionChoices, Space
-
-
-def distributions(space: Space, engines: Sequence[str], drafts: Sequence[str]) -> dict[str, BaseDistribution]:
-    """Every distribution ``space.suggest`` can ask for, by parameter name (the same names and kinds)."""
-    out: dict[str, BaseDistribution] = {"engine": CategoricalDistribution(list(engines))}
-    p = space.parameters
-    for engine in engines:
-        name = f"{engine}.{{}}".format
-        for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
-            choices = getattr(p, key)
-            if choices is not None:
-                out[name(key)] = CategoricalDistribution(choices.choices)
-        if isinstance(p.memory_fraction, FractionChoices):
-            out[name("memory_fraction")] = CategoricalDistribution(p.memory_fraction.choices)
-        elif p.memory_fraction is not None:
-            r = p.memory_fraction
-            out[name("memory_fraction")] = FloatDistribution(r.low, r.high, step=r.step)
-        draft_choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
-        ks = p.num_speculative_tokens
-        if ks is None or not draft_choices:
-            continue
-        if isinstance(ks, CountChoices):
-            out[name("num_speculative_tokens")] = CategoricalDistribution(ks.choices)
-        else:
-            out[name("num_speculative_tokens")] = IntDistribution(ks.low, ks.high)
-        out[name("draft_model")] = CategoricalDistribution(draft_choices)
-    return out
+from tuner.space import Space, distributions
 
 
 def check_space_fits(study: optuna.Study, space: Space, engines: Sequence[str], drafts: Sequence[str]) -> None:

@@ -44,35 +44,35 @@ def process_tree_rss(pid: int) -> int:
     return total
 
 
-def gpu_used_bytes(indices: list[int] | None = None) -> int:
+def gpu_reading(indices: list[int] | None = None, pids: set[int] | None = None) -> tuple[int, int | None]:
+    """In one pynvml session: the used memory of the GPUs ``indices`` (all: None) and, given ``pids``
+    (the engine's tree), what pynvml's compute processes of those pids hold (None when none is listed)."""
     import pynvml  # nvidia-ml-py; only on GPU hosts is the library behind it present
 
     pynvml.nvmlInit()
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        chosen = indices if indices is not None else list(range(count))
-        return sum(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used) for i in chosen)
+        chosen = indices if indices is not None else list(range(pynvml.nvmlDeviceGetCount()))
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in chosen]
+        used = sum(int(pynvml.nvmlDeviceGetMemoryInfo(h).used) for h in handles)
+        if pids is None:
+            return used, None
+        try:
+            mine = [int(proc.usedGpuMemory or 0) for h in handles
+                    for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h) if proc.pid in pids]  # fmt: skip
+        except pynvml.NVMLError:  # a GPU (or MIG slice) that lists no processes: the device's reading stands
+            return used, None
+        return used, (sum(mine) if mine else None)
     finally:
         pynvml.nvmlShutdown()
+
+
+def gpu_used_bytes(indices: list[int] | None = None) -> int:
+    return gpu_reading(indices)[0]
 
 
 def gpu_process_bytes(pids: set[int], indices: list[int] | None = None) -> int | None:
-    """GPU memory held by the processes ``pids`` (the engine's tree), from pynvml's compute process
-    list; None when none of them is listed."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        chosen = indices if indices is not None else list(range(pynvml.nvmlDeviceGetCount()))
-        mine = [
-            int(proc.usedGpuMemory or 0)
-            for i in chosen
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))
-            if proc.pid in pids
-        ]
-        return sum(mine) if mine else None
-    finally:
-        pynvml.nvmlShutdown()
+    """GPU memory held by the processes ``pids``; None when none of them is listed."""
+    return gpu_reading(indices, pids)[1]
 
 
 def gpu_free_bytes(index: int = 0) -> int | None:
@@ -104,19 +104,17 @@ class MemorySampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
 
-    def read(self) -> int:
-        return process_tree_rss(self._pid) if self._device_kind == "cpu" else gpu_used_bytes(self._gpus)
-
-    def read_engine(self) -> int | None:
+    def read(self) -> tuple[int, int | None]:
+        """(the device's reading, the engine's own GPU share or None) now."""
         if self._device_kind == "cpu":
-            return None
-        return gpu_process_bytes(process_tree_pids(self._pid), self._gpus)
+            return process_tree_rss(self._pid), None
+        return gpu_reading(self._gpus, process_tree_pids(self._pid))
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak_bytes = max(self.peak_bytes, self.read())
-                engine = self.read_engine()
+                used, engine = self.read()
+                self.peak_bytes = max(self.peak_bytes, used)
                 if engine is not None:
                     self.engine_peak_bytes = max(self.engine_peak_bytes or 0, engine)
             except Exception:  # noqa: BLE001 - a failed reading must never fail the trial

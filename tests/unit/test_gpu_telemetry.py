@@ -177,3 +177,17 @@ def test_an_engine_pynvml_does_not_list_is_unknown_not_zero(monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(head, rows[-5:]))
     assert telemetry.gpu_process_bytes({1}) is None
     assert telemetry.gpu_process_bytes({6025}) == rows[-5]["procs"][-1][1]
+
+
+def test_a_gpu_that_lists_no_processes_keeps_the_device_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmlDeviceGetComputeRunningProcesses raises NotSupported on some GPUs: the used memory stands."""
+    head, rows = _load("pynvml-trial-0010.jsonl")
+    fake = fake_pynvml(head, rows[-5:])
+
+    def unsupported(handle: object) -> list[object]:
+        raise fake.NVMLError("Not Supported")  # type: ignore[attr-defined]
+
+    fake.nvmlDeviceGetComputeRunningProcesses = unsupported  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert telemetry.gpu_reading(None, {6025}) == (rows[-5]["used"], None)
+    assert fake.state["open"] == 0  # type: ignore[attr-defined]

@@ -6,8 +6,8 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.space import Space, suggest
-from tuner.space_fit import check_space_fits, distributions
+from tuner.space import Space, distributions, suggest
+from tuner.space_fit import check_space_fits
 from tuner.summary import search_effort
 
 DRAFTS = ["draft-2l", "draft-1l"]
