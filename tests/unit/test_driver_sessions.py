@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from typing import Any
 
@@ -106,8 +107,9 @@ def test_open_loop_releases_at_the_scheduled_times_whatever_the_server_does() ->
     requests = [_single(i, arrival_s=0.05 * i) for i in range(4)]
     result = _run(server, requests, concurrency=10)
     offsets = [r.sent_s - result.started_s for r in result.records]
-    assert all(abs(o - 0.05 * i) < 0.04 for i, o in enumerate(offsets)), offsets
-    assert all(r.scheduled_s is not None and r.sent_s >= r.scheduled_s for r in result.records)
+    assert offsets == sorted(offsets) and offsets[-1] < server.delay_s, offsets  # none waited on a reply
+    lags = [r.sent_s - r.scheduled_s for r in result.records if r.scheduled_s is not None]
+    assert len(lags) == 4 and min(lags) >= 0 and statistics.median(lags) < 0.02, lags
 
 
 def test_open_loop_cap_limits_requests_in_flight() -> None:
