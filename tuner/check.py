@@ -2,7 +2,8 @@
 
 The tuner imports no engine, so it runs ``tuner/scripts/check_<engine>.py`` with the engine
 environment's Python and reads one JSON verdict per argv. Batching matters: importing vLLM takes
-15-40 s, paid once per call however many argv are checked.
+15-40 s, paid once per call however many argv are checked. ``check_files`` reads the command
+back out of any exported launch file and checks the files of one engine environment in one call.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner.engines.env import EngineEnv
-from tuner.errors import EnvironmentSetupError
+from tuner.errors import ConfigError, EnvironmentSetupError, ExportError
 
 SCRIPTS = Path(__file__).parent / "scripts"
+Checked = tuple[Path, str, str, dict[str, Any]]  # file, engine, engine version, verdict
 
 
 def check_argvs(env: EngineEnv, argvs: list[list[str]], timeout_s: float = 600.0) -> list[dict[str, Any]]:
@@ -39,3 +41,47 @@ def check_argvs(env: EngineEnv, argvs: list[list[str]], timeout_s: float = 600.0
         detail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         raise EnvironmentSetupError(f"{env.engine}'s parser check failed to run: {detail[0]}")
     return verdicts
+
+
+def read_launch_file(path: Path) -> tuple[str, list[str], str | None]:
+    """The engine module, its args and (for a manifest) its Python, of any exported launch file."""
+    from tuner.deploy import read_container_args
+    from tuner.launch_sh import read_sh
+    from tuner.launchers import read_launcher
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        if path.suffix == ".json":
+            m = json.loads(text)
+            return m["module"], list(m["argv"]), m["python"]
+        if path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS) or vLLM's module
+            return (*read_launcher(text), None)
+        if path.suffix in (".yaml", ".yml"):  # docker compose or Kubernetes
+            return (*read_container_args(text), None)
+        return (*read_sh(text), None)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExportError(f"{path}: not a file written by tuner export ({type(exc).__name__}: {exc})") from exc
+
+
+def check_files(paths: list[Path], engine_env: str | None) -> list[Checked]:
+    """Each file's verdict, grouped by engine environment: ``engine_env``, else the one a manifest
+    names, else the engine's default environment."""
+    from tuner.engines import ADAPTERS
+    from tuner.engines.env import probe
+
+    groups: dict[tuple[str, str | None], list[tuple[Path, list[str]]]] = {}
+    for path in paths:
+        module, argv, python = read_launch_file(path)
+        engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
+        if engine is None:
+            raise ExportError(f"{path}: unknown engine module {module}")
+        groups.setdefault((engine, engine_env or python), []).append((path, argv))
+    checked: list[Checked] = []
+    for (engine, where), files in groups.items():
+        env = probe(ADAPTERS[engine](), Path(where) if where else None)
+        verdicts = check_argvs(env, [argv for _, argv in files])
+        checked += [(path, engine, env.version, v) for (path, _), v in zip(files, verdicts, strict=True)]
+    return checked

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import ConfigError, ExportError
+from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
     from tuner.search import SearchOptions
@@ -16,7 +15,7 @@ if TYPE_CHECKING:
 
 def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> SearchOptions:
     """The workload, model and load flags that search, workload and drive share, validated."""
-    from tuner.cli import _engine_envs
+    from tuner.flags import engine_envs
     from tuner.goodput import parse_slo
     from tuner.search import SearchOptions
 
@@ -26,7 +25,7 @@ def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> Sea
         space=args.space,
         model=args.model,
         seed=args.seed,
-        engine_envs=_engine_envs(args.engine_env),
+        engine_envs=engine_envs(args.engine_env),
         requests=args.requests,
         concurrency=args.concurrency,
         rate=args.rate,
@@ -102,14 +101,12 @@ def drive(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from tuner.cli import _engine_envs
+    from tuner.flags import engine_envs
     from tuner.plan import plan as make_plan
     from tuner.workloads import source
 
     source(args.workload)  # a preset name or a readable trace file
-    rows = make_plan(
-        args.space, args.engines, args.n, args.seed, args.model, args.drafts, _engine_envs(args.engine_env)
-    )
+    rows = make_plan(args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env))
     for row in rows:
         print(json.dumps(row))
     return 0
@@ -129,59 +126,25 @@ def export(args: argparse.Namespace) -> int:
     from tuner.study import load_existing, storage_url
 
     study = load_existing(args.study, storage_url(args.study, args.storage))
-    from tuner.cli import _engine_envs
+    from tuner.flags import engine_envs
 
-    for path in export_study(study, args.trials, args.out, _engine_envs(args.engine_env), args.formats):
+    for path in export_study(study, args.trials, args.out, engine_envs(args.engine_env), args.formats):
         print(path)
     return 0
 
 
-def _read_launch_file(path: Path) -> tuple[str, list[str], str | None]:
-    """The engine module, its args and (for a manifest) its Python, of any exported launch file."""
-    from tuner.deploy import read_container_args
-    from tuner.export import read_sh
-    from tuner.launchers import read_launcher
-
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    try:
-        if path.suffix == ".json":
-            m = json.loads(text)
-            return m["module"], list(m["argv"]), m["python"]
-        if path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS) or vLLM's module
-            return (*read_launcher(text), None)
-        if path.suffix in (".yaml", ".yml"):  # docker compose or Kubernetes
-            return (*read_container_args(text), None)
-        return (*read_sh(text), None)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ExportError(f"{path}: not a file written by tuner export ({type(exc).__name__}: {exc})") from exc
-
-
 def check(args: argparse.Namespace) -> int:
     """Every file's command through its engine's parser: one parser run per engine environment."""
-    from tuner.check import check_argvs
-    from tuner.engines import ADAPTERS
-    from tuner.engines.env import probe
+    from tuner.check import check_files
 
-    groups: dict[tuple[str, str | None], list[tuple[Path, list[str]]]] = {}
-    for path in args.files:
-        module, argv, python = _read_launch_file(path)
-        engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
-        if engine is None:
-            raise ExportError(f"{path}: unknown engine module {module}")
-        groups.setdefault((engine, args.engine_env or python), []).append((path, argv))
     rejected = 0
-    for (engine, where), files in groups.items():
-        env = probe(ADAPTERS[engine](), Path(where) if where else None)
-        for (path, _), verdict in zip(files, check_argvs(env, [argv for _, argv in files]), strict=True):
-            if not verdict["ok"]:
-                rejected += 1
-                print(f"{path}: rejected by {engine} {env.version}: {verdict['error']}", file=sys.stderr)
-            else:
-                speculative = "on" if verdict["speculative"] else "off"
-                print(f"{path}: accepted by {engine} {env.version} (speculative decoding: {speculative})")
+    for path, engine, version, verdict in check_files(args.files, args.engine_env):
+        if not verdict["ok"]:
+            rejected += 1
+            print(f"{path}: rejected by {engine} {version}: {verdict['error']}", file=sys.stderr)
+        else:
+            speculative = "on" if verdict["speculative"] else "off"
+            print(f"{path}: accepted by {engine} {version} (speculative decoding: {speculative})")
     return 1 if rejected else 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ExportError
+from tuner.launch_sh import engine_args
 from tuner.naming import safe_name
 
 IMAGES = {"vllm": "vllm/vllm-openai", "sglang": "lmsysorg/sglang"}
@@ -107,6 +108,4 @@ def read_container_args(text: str) -> tuple[str, list[str]]:
 
 
 def _split(entrypoint: list[str], args: list[str]) -> tuple[str, list[str]]:
-    from tuner.export import engine_args
-
     return engine_args([*entrypoint[:1], *entrypoint[1:], *args])

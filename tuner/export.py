@@ -1,17 +1,16 @@
-"""Launch files: a ``*.sh`` that starts the exact server command, and a ``*.json`` manifest.
+"""Exporting a study's best trials as launch files: a manifest per trial, rendered in each format.
 
-Every value is quoted with ``shlex.quote``, so a model path with spaces or quotes, or the JSON of
-``--speculative-config``, stays one argument. The interpreter, host and port can be overridden
-with ``ENGINE_PYTHON``, ``HOST`` and ``PORT``. Before anything is written, every argv is checked by
-the engine's own parser (``tuner.check``); a rejected one fails the export and writes nothing, and
-so does an interruption while writing (``tuner.atomic.write_all``).
+The ``*.json`` manifest holds everything known of the trial; the other formats render it: ``sh``
+(``tuner.launch_sh``), ``python`` (``tuner.launchers``), ``compose`` and ``k8s``
+(``tuner.deploy``), each under the same provenance header. Before anything is written, every argv
+is checked by the engine's own parser (``tuner.check``); a rejected one fails the export and writes
+nothing, and so does an interruption while writing (``tuner.atomic.write_all``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,24 +21,12 @@ from tuner import __version__
 from tuner.atomic import write_all
 from tuner.deploy import render_compose, render_k8s
 from tuner.errors import ExportError
+from tuner.feasible import feasible_pareto
+from tuner.launch_sh import engine_args, render_sh
 from tuner.launchers import render_python
 from tuner.naming import safe_name
-from tuner.study import constraint_violation, feasible_pareto
-
-ADDRESS_FLAGS = ("--host", "--port")
-
-
-def engine_args(argv: list[str]) -> tuple[str, list[str]]:
-    """Split ``python -m MODULE args...`` into MODULE and the args without host and port."""
-    if len(argv) < 3 or argv[1] != "-m":
-        raise ExportError(f"not an engine command: {argv[:3]}")
-    args, rest = [], iter(argv[3:])
-    for arg in rest:
-        if arg in ADDRESS_FLAGS:
-            next(rest, None)
-        else:
-            args.append(arg)
-    return argv[2], args
+from tuner.provenance import provenance
+from tuner.study import constraint_violation
 
 
 def select_trials(study: optuna.Study, numbers: list[int] | None) -> list[optuna.trial.FrozenTrial]:
@@ -96,107 +83,6 @@ def manifest(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, 
         "python": attrs["argv"][0],
         "argv": args,
     }
-
-
-def _oneline(value: object) -> str:
-    """A value fit for a ``#`` comment: a newline there would end the comment and run the rest."""
-    return " ".join(str(value).split())
-
-
-def provenance(m: dict[str, Any]) -> list[str]:
-    """Comment lines saying where a launch file came from; every value on one line."""
-    objectives = "  ".join(_measured(k, v, (m.get("ci") or {}).get(k)) for k, v in m["objectives"].items()
-                           if isinstance(v, int | float))  # fmt: skip
-    return [
-        f"# Launch file exported by tuner {_oneline(m['tuner_version'])} at {_oneline(m['exported_at'])}",
-        f"# study: {_oneline(m['study'])}  trial: {m['trial']} ({_oneline(m['config_kind'])})",
-        f"# engine: {_oneline(m['engine'])} {_oneline(m['engine_version'])} ({_oneline(m['distribution'])})",
-        f"# hardware: {_oneline(m['hardware']['name'])}",
-        f"# model: {_oneline(m['model'])}",
-        f"# workload: {_oneline(m['workload'])}  digest: {_oneline(m['workload_digest'])}",
-        f"# measured: {objectives}",
-        *_repeat_lines(m),
-    ]
-
-
-def _measured(key: str, value: float, ci: dict[str, Any] | None) -> str:
-    within = f" [95% CI {ci['low']:.1f}-{ci['high']:.1f}]" if ci else ""
-    return f"{key}={value:.1f}{within}"
-
-
-def _repeat_lines(m: dict[str, Any]) -> list[str]:
-    """The finalist repeats' means and 95 % intervals, and the verdict, when the study has them."""
-    lines = []
-    for metric, s in ((m.get("repeats") or {}).get("stats") or {}).items():
-        lines.append(f"# repeats {metric}: mean {s['mean']:.1f}, 95% CI [{s['low']:.1f}, {s['high']:.1f}], n={s['n']}")
-    stress = m.get("stress")
-    if stress and stress.get("ran"):
-        ttft = stress.get("ttft_p95_ms")
-        seen = f"TTFT p95 {ttft:.1f} ms" if isinstance(ttft, int | float) else "no request served"
-        lines.append(f"# stress check: {stress['prompt_tokens']} prompt tokens x concurrency {stress['concurrency']}, "
-                     f"cold cache: {seen}, {_oneline(stress.get('failure') or 'passed')}")  # fmt: skip
-    verdict = m.get("verdict")
-    if verdict:
-        trials = ", ".join(str(t) for t in verdict["trials"])
-        lines.append(f"# verdict: {_oneline(verdict['kind'])} on {_oneline(verdict['metric'])}: trials {trials}")
-    return lines
-
-
-def render_sh(m: dict[str, Any]) -> str:
-    header = [
-        "#!/usr/bin/env bash",
-        *provenance(m),
-        "# Override the interpreter with ENGINE_PYTHON, the address with HOST and PORT.",
-        "set -euo pipefail",
-        f"ENGINE_PYTHON=${{ENGINE_PYTHON:-{shlex.quote(m['python'])}}}",
-        "HOST=${HOST:-127.0.0.1}",
-        "PORT=${PORT:-8000}",
-    ]
-    lines = [f'exec "$ENGINE_PYTHON" -m {shlex.quote(m["module"])}']
-    lines += [f"  {shlex.quote(a)}" for a in m["argv"]]
-    lines.append('  --host "$HOST" --port "$PORT"')
-    return "\n".join(header) + "\n" + " \\\n".join(lines) + "\n"
-
-
-def read_sh(text: str) -> tuple[str, list[str]]:
-    """The module and engine args of an exported ``*.sh`` (the inverse of ``render_sh``), read as bash
-    reads it: a quoted value may hold a newline, and a line ends in ``\\`` only outside quotes."""
-    try:
-        words = shlex.split(_join_lines(text))
-    except ValueError as exc:  # an unclosed quote: not what render_sh writes
-        raise ExportError(f"not a launch file written by tuner export: {exc}") from exc
-    start = next((i for i, w in enumerate(words) if w == "exec"), None)
-    if start is None:
-        raise ExportError("no 'exec' line: not a launch file written by tuner export")
-    command = words[start + 1 :]
-    if len(command) < 3 or command[1] != "-m":
-        raise ExportError("the exec line does not start an engine module")
-    _, args = engine_args(command)
-    return command[2], args
-
-
-def _join_lines(text: str) -> str:
-    """``text`` as bash reads it before splitting words: comments dropped, and every backslash-newline
-    outside single quotes removed (``shlex.quote`` writes a quote as ``'"'"'``: double quotes count too)."""
-    out, quote, i = [], "", 0
-    while i < len(text):
-        char = text[i]
-        if char == "\\" and quote != "'":
-            if text.startswith("\n", i + 1):
-                i += 2
-                continue
-            out.append(text[i : i + 2])  # an escaped character, never a quote
-            i += 2
-            continue
-        if char == "#" and not quote and (i == 0 or text[i - 1].isspace()):
-            end = text.find("\n", i)  # a comment: its quotes are no quotes (provenance holds user text)
-            i = len(text) if end < 0 else end
-            continue
-        if char in "'\"" and quote in ("", char):
-            quote = char if quote == "" else ""
-        out.append(char)
-        i += 1
-    return "".join(out)
 
 
 def safe_stem(study: str, number: int) -> str:

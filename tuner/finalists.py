@@ -18,10 +18,11 @@ from typing import Any
 import optuna
 
 from tuner import objectives
+from tuner.feasible import stress_failures
 from tuner.outcome import TrialContext, TrialResult
 from tuner.repeats import REPORTED, config_of, decider, interval, judge, pick_finalists
 from tuner.stress import judge as judge_stress
-from tuner.study import CONSTRAINT, DEFAULT_KIND, stress_failures
+from tuner.study import CONSTRAINT, DEFAULT_KIND
 from tuner.trial import run_trial
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check

@@ -26,6 +26,7 @@ import optuna
 
 from tuner.engines.base import Config
 from tuner.errors import ConfigError
+from tuner.feasible import feasible_trials
 from tuner.grid import grid_points
 from tuner.memory import estimate
 from tuner.memory_facts import observations
@@ -33,7 +34,7 @@ from tuner.outcome import TrialContext, TrialResult, WatchFactory
 from tuner.pruning import FrontWatch
 from tuner.rejections import REJECTED, rejected_like
 from tuner.space import Space, suggest
-from tuner.study import CONSTRAINT, DEFAULT_KIND, feasible_trials, record
+from tuner.study import CONSTRAINT, DEFAULT_KIND, record
 
 SCREENED = "screened"
 Runner = Callable[..., TrialResult]  # (number, config, ctx, watch=...) -> TrialResult
@@ -181,6 +182,7 @@ class SearchObjective:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         return Prepared(config, est, False, told=True, values=values)
+
 
 def _describe(config: Config) -> str:
     return " ".join(f"{k}={v}" for k, v in config.params.items())

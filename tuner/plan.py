@@ -52,11 +52,7 @@ def plan(
         if name not in ADAPTERS:
             raise ConfigError(f"--engines: unknown engine {name!r}; known: {', '.join(ADAPTERS)}")
     spec = _model(space, model, drafts or [])
-    targets = {}
-    for name in names:
-        adapter = ADAPTERS[name]()
-        env = _env_or_none(adapter, (engine_envs or {}).get(name) or space.engine_envs.get(name))
-        targets[name] = (adapter, env)
+    targets = {name: _target(name, space, engine_envs or {}) for name in names}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     rows = []
@@ -80,3 +76,9 @@ def plan(
         )
         study.tell(trial, 0.0)
     return rows
+
+
+def _target(name: str, space: Space, engine_envs: dict[str, str]) -> tuple[EngineAdapter, EngineEnv | None]:
+    """The engine's adapter and, when installed here, its environment (a flag's, else the space's)."""
+    adapter = ADAPTERS[name]()
+    return adapter, _env_or_none(adapter, engine_envs.get(name) or space.engine_envs.get(name))

@@ -20,7 +20,8 @@ from typing import Any
 import optuna
 
 from tuner.engines.base import Config
-from tuner.study import DEFAULT_KIND, feasible_pareto, feasible_trials
+from tuner.feasible import feasible_pareto, feasible_trials
+from tuner.study import DEFAULT_KIND
 
 # Two-sided 95 % Student-t quantiles by degrees of freedom; beyond 30 the normal 1.96 is close enough.
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}

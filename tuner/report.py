@@ -13,7 +13,7 @@ import warnings
 
 import optuna
 
-from tuner.study import feasible_pareto
+from tuner.feasible import feasible_pareto
 from tuner.svg import Point, cdf, scatter
 
 Trial = optuna.trial.FrozenTrial

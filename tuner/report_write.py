@@ -10,10 +10,10 @@ from typing import Any
 
 import optuna
 
+from tuner.feasible import feasible_pareto
 from tuner.naming import safe_name
 from tuner.repeats import describe_verdict
 from tuner.report import _completed, cdf_section, importance_section, importances, pareto_section
-from tuner.study import feasible_pareto
 from tuner.svg import Point, scatter
 
 METRICS = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "goodput_req_s")

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tuner.driver import drive_sync
+from tuner.driver import DriveResult, drive_sync
 from tuner.engines.base import EngineAdapter
 from tuner.failures import classify_serve
 from tuner.goodput import goodput, steady_throughput
@@ -71,22 +71,26 @@ def serve_workload(
         result.phases_s["drive"] = round(drove.ended_s - drove.started_s, 2)
         after = scrape_metrics(client, server.base_url)
         alive = server.alive() and healthy(client, server)
-    result.metrics = summarize(drove) | goodput(drove, ctx.slo)
-    result.metrics["steady_output_throughput_tok_s"] = steady_throughput(drove)
-    result.ttft_samples_ms = sorted(
-        round((r.first_token_s - r.sent_s) * 1e3, 2) for r in drove.records if r.error is None and r.first_token_s
-    )
-    result.request_log = request_log(drove)
-    result.server = adapter.server_stats(before, after) if after else {}
-    result.warnings += clock_warnings(result)
+    _score(result, drove, adapter.server_stats(before, after) if after else {}, ctx)
     since_ready = tail(server.log_path, max_lines=400, start=ready_at)
     result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE)
     m = result.metrics
     score = f"ttft_p95={m['ttft_p95_ms']:.0f} ms  throughput={m['output_throughput_tok_s']:.1f} tok/s"
     if result.failure is not None:
         score = f"failed: {result.failure}"
-
     ctx.progress.phase(number, "score", score)
+
+
+def _score(result: TrialResult, drove: DriveResult, server_stats: dict[str, Any], ctx: TrialContext) -> None:
+    """The drive's metrics, goodput at the SLO, samples and request log, beside the server's own."""
+    result.metrics = summarize(drove) | goodput(drove, ctx.slo)
+    result.metrics["steady_output_throughput_tok_s"] = steady_throughput(drove)
+    result.ttft_samples_ms = sorted(
+        round((r.first_token_s - r.sent_s) * 1e3, 2) for r in drove.records if r.error is None and r.first_token_s
+    )
+    result.request_log = request_log(drove)
+    result.server = server_stats
+    result.warnings += clock_warnings(result)
 
 
 def stress_run(

@@ -6,8 +6,8 @@ from typing import Any
 
 import optuna
 
+from tuner.feasible import feasible_pareto
 from tuner.repeats import describe_verdict
-from tuner.study import feasible_pareto
 
 COLUMNS = ("#", "state", "failure", "ttft_p95_ms", "tok/s", "repeats: tok/s mean [95% CI]", "params")
 

@@ -29,13 +29,14 @@ from typing import Any
 import optuna
 
 from tests.benchmarks import _report, _table
+from tuner.feasible import feasible_trials
 from tuner.grid import grid_points, shuffled
 from tuner.objective import SearchObjective
 from tuner.objectives import directions
 from tuner.samplers import make_sampler
 from tuner.space import load_space
 from tuner.stress import judge as judge_stress
-from tuner.study import enqueue_defaults, feasible_trials
+from tuner.study import enqueue_defaults
 
 SPACE = _report.ROOT / "search_spaces" / "grid-cpu.yaml"
 # Tighter than the rag preset's (2000/3000 ms), which every config meets on this quiet CPU: at these

@@ -19,7 +19,7 @@ from tuner.check import check_argvs
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe
-from tuner.export import engine_args, read_sh, render_sh
+from tuner.launch_sh import engine_args, read_sh, render_sh
 from tuner.launchers import read_python, render_python
 from tuner.models import default_models
 from tuner.space import load_space, suggest

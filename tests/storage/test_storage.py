@@ -18,15 +18,8 @@ import pytest
 
 from tuner.engines.base import Config, LaunchSpec
 from tuner.errors import ConfigError
-from tuner.study import (
-    bind_study_attrs,
-    enqueue_defaults,
-    feasible_pareto,
-    load_existing,
-    open_study,
-    record,
-    storage_url,
-)
+from tuner.feasible import feasible_pareto
+from tuner.study import bind_study_attrs, enqueue_defaults, load_existing, open_study, record, storage_url
 from tuner.summary import trials_table
 from tuner.trial import TrialResult
 

@@ -14,7 +14,7 @@ import yaml
 
 from tests.unit.test_deploy import _manifest
 from tuner.deploy import render_compose, render_k8s
-from tuner.export import provenance
+from tuner.provenance import provenance
 
 COMPOSE_SCHEMA = Path(__file__).resolve().parents[2] / ".cache" / "schemas" / "compose_spec.json"
 

@@ -17,7 +17,8 @@ import pytest
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
 from tuner.errors import ExportError
-from tuner.export import engine_args, manifest, read_sh, render_sh, safe_stem, select_trials
+from tuner.export import manifest, safe_stem, select_trials
+from tuner.launch_sh import engine_args, read_sh, render_sh
 from tuner.study import DIRECTIONS, bind_study_attrs, record
 from tuner.trial import TrialResult
 
@@ -306,6 +307,8 @@ def test_select_trials_with_nothing_feasible() -> None:
 
 SGLANG_PYTHON = "/envs/sglang/bin/python"
 SGLANG_VERSION = "0.5.23"
+
+
 def _joint_study() -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name="joint/../export test", directions=DIRECTIONS)

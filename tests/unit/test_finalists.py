@@ -9,9 +9,10 @@ import pytest
 
 from tuner import finalists
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
+from tuner.feasible import feasible_pareto, feasible_trials
 from tuner.outcome import TrialContext, TrialResult
 from tuner.progress import Quiet
-from tuner.study import DEFAULT_KIND, DIRECTIONS, feasible_pareto, feasible_trials, record
+from tuner.study import DEFAULT_KIND, DIRECTIONS, record
 from tuner.workloads.base import Workload
 
 SLO = {"ttft_p95_ms": 2000.0}

@@ -20,8 +20,10 @@ import pytest
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.sglang import SglangAdapter
 from tuner.errors import ExportError
-from tuner.export import engine_args, manifest, provenance
+from tuner.export import manifest
+from tuner.launch_sh import engine_args
 from tuner.launchers import argv_to_kwargs, kwargs_to_argv, read_python, render_python
+from tuner.provenance import provenance
 from tuner.study import DIRECTIONS, bind_study_attrs, record
 from tuner.trial import TrialResult
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from tuner.cli import build_parser, main
 from tuner.deploy import read_container_args, render_compose, render_k8s
-from tuner.export import read_sh, render_sh, safe_stem
+from tuner.export import safe_stem
+from tuner.launch_sh import read_sh, render_sh
 from tuner.launchers import read_launcher, render_python
 from tuner.naming import safe_name
 from tuner.study import storage_url

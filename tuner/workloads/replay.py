@@ -8,6 +8,7 @@ request, as vLLM's benchmark warms up with its first prompt.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 from tokenizers import Tokenizer
@@ -17,7 +18,7 @@ from tuner.workloads.arrivals import Arrival
 from tuner.workloads.base import CHAT_ENDPOINT, Request, Slo, Workload, count_tokens
 from tuner.workloads.chat_format import render_chat, render_follow_up
 from tuner.workloads.preset import Drafted, assemble
-from tuner.workloads.trace import Trace, TraceEntry
+from tuner.workloads.trace import DEFAULT_MAX_TOKENS, Trace, TraceEntry
 
 
 def build_trace(
@@ -44,7 +45,13 @@ def build_trace(
     description = f"trace {trace.path.name}: {len(requests)} requests, {n_sessions} sessions"
     if trace.defaulted_max_tokens:
         description += f", {trace.defaulted_max_tokens} without max_tokens"
-    return assemble(trace.name, seed, Drafted(requests, warmup, description), arrival, Slo())
+    workload = assemble(trace.name, seed, Drafted(requests, warmup, description), arrival, Slo())
+    if trace.defaulted_max_tokens:  # said only of a trace that loaded: an error after it must be the one line
+        print(
+            f"{trace.path.name}: {trace.defaulted_max_tokens} requests had no max_tokens: {DEFAULT_MAX_TOKENS} used",
+            file=sys.stderr,
+        )
+    return workload
 
 
 def _request(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,8 +87,6 @@ def read_trace(path: Path) -> Trace:
         raise ConfigError(f"{path} {missing.where}: no timestamp, but other lines have one: give all or none")
     defaulted = sum(1 for e in entries if e.reply is None and not {"max_tokens", "max_completion_tokens"} & set(e.body))
     entries = [_with_max_tokens(e) for e in entries]
-    if defaulted:
-        print(f"{path.name}: {defaulted} requests had no max_tokens: {DEFAULT_MAX_TOKENS} used", file=sys.stderr)
     arrival = Arrival(concurrency=None, recorded=True) if all(stamped) else Arrival(concurrency=4)
     return Trace(path, tuple(entries), defaulted, arrival)
 

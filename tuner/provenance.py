@@ -1,0 +1,55 @@
+"""The comment header of every launch file: where it came from and what was measured.
+
+Every value goes on one line (``_oneline``): a newline inside a ``#`` comment would end the comment
+and let the rest of a user-given value run as shell or YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["provenance"]
+
+
+def _oneline(value: object) -> str:
+    """A value fit for a ``#`` comment: a newline there would end the comment and run the rest."""
+    return " ".join(str(value).split())
+
+
+def provenance(m: dict[str, Any]) -> list[str]:
+    """Comment lines saying where a launch file came from; every value on one line."""
+    objectives = "  ".join(_measured(k, v, (m.get("ci") or {}).get(k)) for k, v in m["objectives"].items()
+                           if isinstance(v, int | float))  # fmt: skip
+    return [
+        f"# Launch file exported by tuner {_oneline(m['tuner_version'])} at {_oneline(m['exported_at'])}",
+        f"# study: {_oneline(m['study'])}  trial: {m['trial']} ({_oneline(m['config_kind'])})",
+        f"# engine: {_oneline(m['engine'])} {_oneline(m['engine_version'])} ({_oneline(m['distribution'])})",
+        f"# hardware: {_oneline(m['hardware']['name'])}",
+        f"# model: {_oneline(m['model'])}",
+        f"# workload: {_oneline(m['workload'])}  digest: {_oneline(m['workload_digest'])}",
+        f"# measured: {objectives}",
+        *_repeat_lines(m),
+    ]
+
+
+def _measured(key: str, value: float, ci: dict[str, Any] | None) -> str:
+    within = f" [95% CI {ci['low']:.1f}-{ci['high']:.1f}]" if ci else ""
+    return f"{key}={value:.1f}{within}"
+
+
+def _repeat_lines(m: dict[str, Any]) -> list[str]:
+    """The finalist repeats' means and 95 % intervals, and the verdict, when the study has them."""
+    lines = []
+    for metric, s in ((m.get("repeats") or {}).get("stats") or {}).items():
+        lines.append(f"# repeats {metric}: mean {s['mean']:.1f}, 95% CI [{s['low']:.1f}, {s['high']:.1f}], n={s['n']}")
+    stress = m.get("stress")
+    if stress and stress.get("ran"):
+        ttft = stress.get("ttft_p95_ms")
+        seen = f"TTFT p95 {ttft:.1f} ms" if isinstance(ttft, int | float) else "no request served"
+        lines.append(f"# stress check: {stress['prompt_tokens']} prompt tokens x concurrency {stress['concurrency']}, "
+                     f"cold cache: {seen}, {_oneline(stress.get('failure') or 'passed')}")  # fmt: skip
+    verdict = m.get("verdict")
+    if verdict:
+        trials = ", ".join(str(t) for t in verdict["trials"])
+        lines.append(f"# verdict: {_oneline(verdict['kind'])} on {_oneline(verdict['metric'])}: trials {trials}")
+    return lines
