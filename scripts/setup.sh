@@ -8,12 +8,15 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 ENGINES=${TUNER_ENGINES_DIR:-.engines}
+# The engines are several GB of wheels (sglang-kernel alone 373 MB): a connection cut mid-download
+# is resumed rather than failing the setup (pip's default of 5 resumes once ran out here).
+NET=(--retries 10 --resume-retries 50)
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q "${NET[@]}" -e '.[test]'
 
 # The Compose Specification's JSON schema, which the compose-export test validates against: it ships
 # inside the docker-compose 1.29.2 wheel (only the schema is taken; nothing of it is installed).
@@ -34,7 +37,7 @@ install_engine() {
     echo "setup: installing $spec into $env_dir (several GB, minutes the first time)" >&2
     "$PYTHON" -m venv "$env_dir"
     "$env_dir/bin/python" -m pip install -q --upgrade pip
-    "$env_dir/bin/python" -m pip install -q "$spec"
+    "$env_dir/bin/python" -m pip install -q "${NET[@]}" "$spec"
   fi
   echo "setup: $dist $("$env_dir/bin/python" -c "import importlib.metadata as m; print(m.version('$dist'))") in $env_dir" >&2
 }
