@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,11 @@ def read_launch_file(path: Path) -> tuple[str, list[str], str | None]:
         raise ExportError(f"{path}: not a file written by tuner export ({type(exc).__name__}: {exc})") from exc
 
 
-def check_files(paths: list[Path], engine_env: str | None) -> list[Checked]:
+def check_files(paths: list[Path], engine_env: str | None) -> Iterator[Checked]:
     """Each file's verdict, grouped by engine environment: ``engine_env``, else the one a manifest
-    names, else the engine's default environment."""
+    names, else the engine's default environment. Every file is read before any parser runs; each
+    group's verdicts come as soon as its parser has run, so one missing environment still leaves
+    the other groups' verdicts said."""
     from tuner.engines import ADAPTERS
     from tuner.engines.env import probe
 
@@ -79,9 +82,7 @@ def check_files(paths: list[Path], engine_env: str | None) -> list[Checked]:
         if engine is None:
             raise ExportError(f"{path}: unknown engine module {module}")
         groups.setdefault((engine, engine_env or python), []).append((path, argv))
-    checked: list[Checked] = []
     for (engine, where), files in groups.items():
         env = probe(ADAPTERS[engine](), Path(where) if where else None)
         verdicts = check_argvs(env, [argv for _, argv in files])
-        checked += [(path, engine, env.version, v) for (path, _), v in zip(files, verdicts, strict=True)]
-    return checked
+        yield from ((path, engine, env.version, v) for (path, _), v in zip(files, verdicts, strict=True))
