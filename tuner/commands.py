@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigError
+from tuner.flags import engine_envs  # cli imported it already: nothing to import late
 
 if TYPE_CHECKING:
     from tuner.search import SearchOptions
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
 
 def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> SearchOptions:
     """The workload, model and load flags that search, workload and drive share, validated."""
-    from tuner.flags import engine_envs
     from tuner.goodput import parse_slo
     from tuner.search import SearchOptions
 
@@ -101,7 +101,6 @@ def drive(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from tuner.flags import engine_envs
     from tuner.plan import plan as make_plan
     from tuner.workloads import source
 
@@ -126,8 +125,6 @@ def export(args: argparse.Namespace) -> int:
     from tuner.study import load_existing, storage_url
 
     study = load_existing(args.study, storage_url(args.study, args.storage))
-    from tuner.flags import engine_envs
-
     for path in export_study(study, args.trials, args.out, engine_envs(args.engine_env), args.formats):
         print(path)
     return 0
