@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run a command with a throwaway PostgreSQL on loopback, removed again on exit (also on failure or
 # Ctrl-C), its URL in TUNER_TEST_POSTGRES:  scripts/with-postgres.sh CMD [ARGS...]
-# Without PostgreSQL's binaries the command runs without it (its storage tests are then skipped).
+# Without PostgreSQL's binaries the command runs without it: the PostgreSQL tests then fail, unless
+# TUNER_SKIP_TIERS=postgres leaves them out (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 initdb=$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1 || true)

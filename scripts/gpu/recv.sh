@@ -13,7 +13,7 @@ if ! alive "$STATE/setup.pid" && [ ! -f "$STATE/setup.done" ]; then
   echo $! > "$STATE/setup.pid"
 fi
 if ! alive "$STATE/models.pid" && [ ! -f "$MODELS/DONE" ] && [ ! -f "$STATE/models.failed" ]; then
-  cp tuner/scripts/make_models.py tuner/workloads/corpus.txt "$STATE/"
+  cp tuner/engines/scripts/make_models.py tuner/workloads/corpus.txt "$STATE/"
   setsid nohup bash "$STATE/scripts/gen_models.sh" > "$STATE/models.log" 2>&1 < /dev/null &
   echo $! > "$STATE/models.pid"
 fi

@@ -18,8 +18,8 @@ import psutil
 
 from tests.benchmarks._report import ROOT
 from tuner.engines.env import EngineEnv, probe
+from tuner.engines.prometheus import parse_prometheus
 from tuner.engines.vllm import VllmAdapter
-from tuner.metrics import parse_prometheus
 
 LOG_ROOT = ROOT / "studies" / "logs" / "benchmarks"  # studies/ is ignored by git
 

@@ -28,8 +28,14 @@ def _event(payload: object) -> bytes:
 def _completion(i: int, with_text: bool) -> dict[str, object]:
     choices = [{"index": 0, "text": f" tok{i}", "logprobs": None, "finish_reason": None}] if with_text else []
     usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": i, "total_tokens": PROMPT_TOKENS + i}
-    return {"id": "cmpl-instant", "object": "text_completion", "created": 0, "model": "instant",
-            "choices": choices, "usage": usage}
+    return {
+        "id": "cmpl-instant",
+        "object": "text_completion",
+        "created": 0,
+        "model": "instant",
+        "choices": choices,
+        "usage": usage,
+    }
 
 
 def build_response() -> bytes:
@@ -89,8 +95,9 @@ async def serve() -> None:
     # stdin is a pipe from the benchmark: its end means the benchmark is gone, even killed outright
     orphaned = asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
     async with server:
-        await asyncio.wait([orphaned, asyncio.ensure_future(server.serve_forever())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [orphaned, asyncio.ensure_future(server.serve_forever())], return_when=asyncio.FIRST_COMPLETED
+        )
 
 
 if __name__ == "__main__":

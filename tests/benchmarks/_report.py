@@ -3,20 +3,20 @@
 Each benchmark owns one section: in the JSON, the top-level key named after it; in the Markdown,
 the text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``. Writing a section replaces
 only that section, so benchmarks run one after another (or at once: a lock file in the temporary
-directory serialises the writes) never clobber each other.
+directory serialises the writes) never clobber each other. Every section carries the stamp its run
+took when it started (``stamp``: commit, dirty tree, date, machine, engine versions), so a section
+re-rendered later still says what it measured.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import math
 import os
 import platform
 import re
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tests.benchmarks.stamp import stamp as stamp  # re-exported: benchmarks call _report.stamp()
+from tests.benchmarks.stamp import stamp_line
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
@@ -87,7 +90,10 @@ def machine() -> dict[str, Any]:
 
 
 def write_section(name: str, markdown: str, data: dict[str, Any]) -> None:
-    """Replace benchmark ``name``'s section in both report files (creating them if needed)."""
+    """Replace benchmark ``name``'s section in both report files (creating them if needed), stamped with
+    ``data["stamp"]``, the stamp its run took when it started."""
+    data = {**data, "stamp": stamp_of(data, name)}
+    markdown = stamped(markdown, data["stamp"])
     with _locked():
         merged: dict[str, Any] = json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else {}
         merged[name] = _finite(data)
@@ -147,39 +153,24 @@ def contention(before: dict[str, Any], after: dict[str, Any]) -> str:
     )
 
 
-CODE_UNDER_TEST = (
-    "tuner/driver.py",
-    "tuner/transport.py",
-    "tuner/sse.py",
-    "tuner/metrics.py",
-    "tuner/trial.py",
-    "tuner/workloads/rag.py",
-)
+def stamped(markdown: str, run_stamp: dict[str, Any]) -> str:
+    """``markdown`` with the stamp as an italic line below its heading (or on top when it has none)."""
+    line = f"_{stamp_line(run_stamp)}._"
+    head, _, rest = markdown.strip().partition("\n")
+    if head.startswith("#"):
+        return f"{head}\n\n{line}\n\n{rest.lstrip()}"
+    return f"{line}\n\n{markdown.strip()}"
 
 
-def code_state() -> dict[str, Any]:
-    """Which tuner code was measured: HEAD, whether tuner/ had uncommitted changes, and file hashes.
-
-    Others edit tuner/ while benchmarks run, so the hashes say which version of each file a run
-    imported (taken at the start, when the modules are imported).
-    """
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-        return done.stdout.strip()
-
-    return {
-        "head": git("rev-parse", "--short", "HEAD"),
-        "tuner_dirty": bool(git("status", "--porcelain", "--", "tuner")),
-        "sha256_12": {
-            path: hashlib.sha256((ROOT / path).read_bytes()).hexdigest()[:12]
-            for path in CODE_UNDER_TEST
-            if (ROOT / path).exists()
-        },
-    }
-
-
-def describe_code(state: dict[str, Any]) -> str:
-    files = ", ".join(f"`{Path(p).name}` {h}" for p, h in state["sha256_12"].items())
-    dirty = " plus uncommitted changes in tuner/" if state["tuner_dirty"] else ""
-    return f"Code measured: HEAD {state['head']}{dirty}; sha256 (first 12) {files}."
+def stamp_of(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """The stamp of the run ``data`` came from; for data measured before stamps existed, what its old
+    ``code`` and ``machine_before`` fields knew. Never the time of writing: a re-render is not a run."""
+    if "stamp" in data:
+        return dict(data["stamp"])
+    code, before = data.get("code"), data.get("machine_before")
+    if not code or not before:
+        raise ValueError(f"benchmark {name}: its data has no 'stamp'; take _report.stamp() when the run starts")
+    engines = {"vllm": data["engine_version"]} if data.get("engine_version") else {}
+    machine = {"arch": before.get("machine"), "cpus": before.get("cpus"), "python": before.get("python")}
+    return {"commit": code.get("head"), "dirty": code.get("tuner_dirty"), "run_at": before.get("date_utc", ""),
+            "machine": machine, "engines": engines}  # fmt: skip

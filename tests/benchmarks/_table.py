@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmarks._report import ROOT
-from tuner.driver import RequestRecord
+from tuner.client.driver import RequestRecord
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
-from tuner.memory_facts import parse_facts
-from tuner.outcome import TrialContext, TrialResult, WatchFactory
-from tuner.pruning import Pruned, running_values
+from tuner.measure.trial import TrialContext, TrialResult, WatchFactory
+from tuner.search.memory import parse_facts
+from tuner.search.pruning import Pruned, running_values
 
 TABLE = ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"
 
@@ -39,7 +39,7 @@ def key(params: dict[str, Any]) -> str:
 
 
 def trial_metrics(rows: list[dict[str, Any]], slo: dict[str, float]) -> dict[str, float]:
-    """The objectives of a table row's requests, under the benchmark's SLOs (``tuner.pruning``'s
+    """The objectives of a table row's requests, under the benchmark's SLOs (``tuner.search.pruning``'s
     definitions, over every request: the same numbers the pruner's checkpoints use)."""
     done = sorted((r for r in rows if r["done_s"] is not None), key=lambda r: r["done_s"])
     values = running_values(done, slo)
@@ -49,7 +49,7 @@ def trial_metrics(rows: list[dict[str, Any]], slo: dict[str, float]) -> dict[str
 
 @dataclass
 class TableRunner:
-    """A ``runner`` for ``tuner.objective.SearchObjective`` that answers from the table."""
+    """A ``runner`` for ``tuner.search.objective.SearchObjective`` that answers from the table."""
 
     points: dict[str, dict[str, Any]]
     slo: dict[str, float]

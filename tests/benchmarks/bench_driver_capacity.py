@@ -1,4 +1,4 @@
-"""Driver capacity: how many streamed requests per second ``tuner.driver`` sustains, and what it adds.
+"""Driver capacity: how many streamed requests per second ``tuner.client.driver`` sustains, and what it adds.
 
 Run: ``.venv/bin/python -m tests.benchmarks.bench_driver_capacity [--requests N] [--repeats R]``
 (3 to 11 minutes on the 2 shared cores, depending on their load). Not part of the default test run.
@@ -7,7 +7,7 @@ An instant OpenAI streaming server (``_instant_server``, its own process) answer
 ``/v1/completions`` request at once. These clients drive it, interleaved in one run at each
 concurrency, the first one rotated from repeat to repeat:
 
-* ``tuner``: ``tuner.driver.drive_sync`` (httpx over ``tuner.transport.StreamTransport``, SSE
+* ``tuner``: ``tuner.client.driver.drive_sync`` (httpx over ``tuner.client.transport.StreamTransport``, SSE
   parsing, records), exactly as a trial drives;
 * ``tuner+httpcore``: the same driver given an ``httpx.AsyncClient`` on httpx's default transport
   (httpcore), pooled to the concurrency: what the driver cost before ``StreamTransport``
@@ -46,7 +46,7 @@ import numpy as np
 import psutil
 
 from tests.benchmarks import _report
-from tuner.driver import drive_sync
+from tuner.client.driver import drive_sync
 from tuner.workloads.base import Request
 
 NAME = "driver_capacity"
@@ -217,7 +217,7 @@ def summarize(runs: list[Run]) -> dict[str, Any]:
 
 def run(n: int, repeats: int) -> dict[str, Any]:
     runs: list[Run] = []
-    code = _report.code_state()
+    started = _report.stamp()
     load_before = _report.machine()
     with instant_server() as (port, server):
         for client in CLIENTS:  # one discarded pass each: imports, connection setup, allocator warmup
@@ -229,59 +229,117 @@ def run(n: int, repeats: int) -> dict[str, Any]:
                 for client in names[shift:] + names[:shift]:  # rotate who goes first
                     runs.append(measure(client, port, server, n, concurrency))
                     r = runs[-1]
-                    print(f"c={concurrency:>3} {client:<5} rep {rep}: {r.rate_req_s:7.0f} req/s "
-                          f"ttft p50 {np.median(r.ttft_ms):.2f} ms errors {r.errors}", flush=True)
+                    print(
+                        f"c={concurrency:>3} {client:<5} rep {rep}: {r.rate_req_s:7.0f} req/s "
+                        f"ttft p50 {np.median(r.ttft_ms):.2f} ms errors {r.errors}",
+                        flush=True,
+                    )
     cells = {
         f"{client}@{c}": summarize([r for r in runs if r.client == client and r.concurrency == c])
         for c in CONCURRENCIES
         for client in CLIENTS
     }
-    return {"code": code, "machine_before": load_before, "machine_after": _report.machine(), "requests_per_run": n,
-            "repeats": repeats, "concurrencies": list(CONCURRENCIES), "clients": list(CLIENTS), "cells": cells}
+    return {
+        "stamp": started,
+        "machine_before": load_before,
+        "machine_after": _report.machine(),
+        "requests_per_run": n,
+        "repeats": repeats,
+        "concurrencies": list(CONCURRENCIES),
+        "clients": list(CLIENTS),
+        "cells": cells,
+    }
 
 
 def markdown(data: dict[str, Any], title: str = "## Driver capacity (`bench_driver_capacity`)") -> str:
     cells, clients = data["cells"], data["clients"]
-    header = ["conc.", "client", "req/s median", "req/s min-max", "TTFT p50 ms", "TTFT p95 ms", "E2E p50 ms",
-              "E2E p95 ms", "client CPU ms/req", "server CPU ms/req", "req/conn", "errors"]
+    header = [
+        "conc.",
+        "client",
+        "req/s median",
+        "req/s min-max",
+        "TTFT p50 ms",
+        "TTFT p95 ms",
+        "E2E p50 ms",
+        "E2E p95 ms",
+        "client CPU ms/req",
+        "server CPU ms/req",
+        "req/conn",
+        "errors",
+    ]
     rows = []
     for c in data["concurrencies"]:
         for name in clients:
             cell = cells[f"{name}@{c}"]
             low_high = f"{cell['rate_req_s_min']:.0f}-{cell['rate_req_s_max']:.0f}"
-            rows.append([c, name, cell["rate_req_s_median"], low_high,
-                         cell["ttft_p50_ms"], cell["ttft_p95_ms"], cell["e2e_p50_ms"], cell["e2e_p95_ms"],
-                         cell["client_cpu_ms_per_req"], cell["server_cpu_ms_per_req"],
-                         cell["requests_per_connection"], cell["errors"]])
+            rows.append(
+                [
+                    c,
+                    name,
+                    cell["rate_req_s_median"],
+                    low_high,
+                    cell["ttft_p50_ms"],
+                    cell["ttft_p95_ms"],
+                    cell["e2e_p50_ms"],
+                    cell["e2e_p95_ms"],
+                    cell["client_cpu_ms_per_req"],
+                    cell["server_cpu_ms_per_req"],
+                    cell["requests_per_connection"],
+                    cell["errors"],
+                ]
+            )
     added, met = [], []
     for c in data["concurrencies"]:
         tuner, raw = cells[f"tuner@{c}"], cells[f"raw@{c}"]
         extra_ms = tuner["ttft_p50_ms"] - raw["ttft_p50_ms"]
         ok = tuner["rate_req_s_median"] >= GOAL_RATE_REQ_S and extra_ms < GOAL_ADDED_MS
         met += [c] if ok else []
-        added.append([c, tuner["rate_req_s_median"], extra_ms, tuner["ttft_p95_ms"] - raw["ttft_p95_ms"],
-                      tuner["e2e_p50_ms"] - raw["e2e_p50_ms"], tuner["rate_req_s_median"] / raw["rate_req_s_median"],
-                      "yes" if ok else "no"])
+        added.append(
+            [
+                c,
+                tuner["rate_req_s_median"],
+                extra_ms,
+                tuner["ttft_p95_ms"] - raw["ttft_p95_ms"],
+                tuner["e2e_p50_ms"] - raw["e2e_p50_ms"],
+                tuner["rate_req_s_median"] / raw["rate_req_s_median"],
+                "yes" if ok else "no",
+            ]
+        )
     best = max(data["concurrencies"], key=lambda c: cells[f"tuner@{c}"]["rate_req_s_median"])
-    verdict = (f"Goal (>= {GOAL_RATE_REQ_S:.0f} req/s with < {GOAL_ADDED_MS:.0f} ms added TTFT p50) met at "
-               f"concurrency {', '.join(map(str, met))}." if met else "Goal not met at any concurrency.")
+    verdict = (
+        f"Goal (>= {GOAL_RATE_REQ_S:.0f} req/s with < {GOAL_ADDED_MS:.0f} ms added TTFT p50) met at "
+        f"concurrency {', '.join(map(str, met))}."
+        if met
+        else "Goal not met at any concurrency."
+    )
     m0, m1 = data["machine_before"], data["machine_after"]
-    code = _report.describe_code(data["code"]) if "code" in data else data.get("code_note", "")
-    return "\n\n".join([
-        title,
-        f"Run {m0['date_utc']}. {_report.contention(m0, m1)} {code}",
-        f"{data['requests_per_run']} requests per run, {data['repeats']} repeats per "
-        "client and concurrency, interleaved with the first client rotated. Instant server: its own process, "
-        "plain asyncio, 3 text chunks + usage + [DONE] per request; request body about 4 KB. Latency "
-        "percentiles pool every request of the cell's repeats; CPU is per request over the cell.",
-        _report.table(header, rows),
-        "What `drive_sync` adds over the raw keep-alive floor (medians of the pooled requests):",
-        _report.table(["conc.", "tuner req/s", "TTFT p50 added ms", "TTFT p95 added ms", "E2E p50 added ms",
-                       "tuner/raw rate", "goal met"], added),
-        f"Highest median rate of `drive_sync`: {cells[f'tuner@{best}']['rate_req_s_median']:.0f} req/s "
-        f"at concurrency {best}. {verdict} Past the concurrency where one core is busy, a closed loop's added "
-        "TTFT is queueing behind the client's own CPU work (about concurrency x its CPU per request).",
-    ])
+    return "\n\n".join(
+        [
+            title,
+            _report.contention(m0, m1),
+            f"{data['requests_per_run']} requests per run, {data['repeats']} repeats per "
+            "client and concurrency, interleaved with the first client rotated. Instant server: its own process, "
+            "plain asyncio, 3 text chunks + usage + [DONE] per request; request body about 4 KB. Latency "
+            "percentiles pool every request of the cell's repeats; CPU is per request over the cell.",
+            _report.table(header, rows),
+            "What `drive_sync` adds over the raw keep-alive floor (medians of the pooled requests):",
+            _report.table(
+                [
+                    "conc.",
+                    "tuner req/s",
+                    "TTFT p50 added ms",
+                    "TTFT p95 added ms",
+                    "E2E p50 added ms",
+                    "tuner/raw rate",
+                    "goal met",
+                ],
+                added,
+            ),
+            f"Highest median rate of `drive_sync`: {cells[f'tuner@{best}']['rate_req_s_median']:.0f} req/s "
+            f"at concurrency {best}. {verdict} Past the concurrency where one core is busy, a closed loop's added "
+            "TTFT is queueing behind the client's own CPU work (about concurrency x its CPU per request).",
+        ]
+    )
 
 
 def main() -> None:

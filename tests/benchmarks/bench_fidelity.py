@@ -12,7 +12,7 @@ second would find the other's prefixes cached. After one discarded warmup pass, 
 at each concurrency, the same ``rag`` requests (seed 0) twice, once by each tool, the tool that
 goes first alternating from one concurrency and one round to the next:
 
-* ``tuner``: ``tuner.driver.drive_sync`` and ``tuner.metrics.summarize``, as a trial does;
+* ``tuner``: ``tuner.client.driver.drive_sync`` and ``tuner.measure.metrics.summarize``, as a trial does;
 * ``vllm``: ``vllm bench serve`` (its module, run from the vLLM environment's Python; the console
   script fails in the CPU build) on a dataset file holding the same prompts in the same order
   (``--disable-shuffle``), ``--sharegpt-output-len 48 --ignore-eos --temperature 0``,
@@ -64,12 +64,13 @@ import httpx
 import numpy as np
 
 from tests.benchmarks import _engine, _report
-from tuner.driver import RequestRecord, drive_sync
+from tuner.client.driver import RequestRecord, drive_sync
 from tuner.engines.base import Config, Device
+from tuner.engines.models import default_models
+from tuner.engines.prometheus import histogram_mean_delta, metric_total
 from tuner.engines.vllm import VllmAdapter
-from tuner.metrics import histogram_mean_delta, metric_total, summarize
-from tuner.models import default_models
-from tuner.process import ServerProcess, free_port
+from tuner.measure.metrics import summarize
+from tuner.measure.process import ServerProcess, free_port
 from tuner.workloads import build_workload
 from tuner.workloads.base import Request, load_tokenizer
 
@@ -244,7 +245,7 @@ def bootstrap_rel_diff(
 
 
 def run(n: int, rounds: int, concurrencies: list[int], pin: bool = False) -> dict[str, Any]:
-    code = _report.code_state()
+    started = _report.stamp()
     machine_before = _report.machine()
     env = _engine.vllm_env()
     model = default_models(env.python, MAX_MODEL_LEN)
@@ -281,7 +282,7 @@ def run(n: int, rounds: int, concurrencies: list[int], pin: bool = False) -> dic
         tree = _engine.process_tree(server.pid)
     leftover = _engine.still_alive(tree)
     return {
-        "code": code, "machine_before": machine_before, "machine_after": _report.machine(),
+        "stamp": started, "machine_before": machine_before, "machine_after": _report.machine(),
         "engine_version": env.version, "workload_digest": workload.digest(), "argv": list(spec.argv), "boot_s": boot_s,
         "requests": n, "rounds": rounds, "concurrencies": concurrencies,
         "pinned": {"server_core": SERVER_CORE, "client_core": CLIENT_CORE} if pin else None,
@@ -355,12 +356,16 @@ def _compare(runs: list[ToolRun], c: int) -> dict[str, Any]:
     }  # fmt: skip
     out["output_throughput_pct"] = statistics.fmean(out["output_throughput_pct_rounds"])
     for q in (50, 95):  # each round alone: a check on the pooled interval, whose pairs share one loop's timing
-        out[f"ttft_p{q}_pct_rounds"] = [_report.pct_diff(a.ttft_p50_ms if q == 50 else a.ttft_p95_ms,
-                                                         b.ttft_p50_ms if q == 50 else b.ttft_p95_ms)
-                                        for a, b in zip(t, v, strict=True)]
-    for name, xa, xb, stat in (("ttft_p50", ttft_t, ttft_v, _percentile(50)),
-                               ("ttft_p95", ttft_t, ttft_v, _percentile(95)), ("ttft_mean", ttft_t, ttft_v, _mean),
-                               ("e2e_mean", e2e_t, e2e_v, _mean)):
+        out[f"ttft_p{q}_pct_rounds"] = [
+            _report.pct_diff(a.ttft_p50_ms if q == 50 else a.ttft_p95_ms, b.ttft_p50_ms if q == 50 else b.ttft_p95_ms)
+            for a, b in zip(t, v, strict=True)
+        ]
+    for name, xa, xb, stat in (
+        ("ttft_p50", ttft_t, ttft_v, _percentile(50)),
+        ("ttft_p95", ttft_t, ttft_v, _percentile(95)),
+        ("ttft_mean", ttft_t, ttft_v, _mean),
+        ("e2e_mean", e2e_t, e2e_v, _mean),
+    ):
         out[f"{name}_pct"] = float((stat(np.asarray(xa)) / stat(np.asarray(xb)) - 1) * 100)
         out[f"{name}_pct_ci95"] = bootstrap_rel_diff(xa, xb, stat, paired=True)
         out[f"{name}_pct_ci95_unpaired"] = bootstrap_rel_diff(xa, xb, stat, paired=False)
@@ -409,7 +414,8 @@ def resolution(data: dict[str, Any]) -> str:
                 quiet.append(f"{c}/{rnd}: {_report.pct_diff(t['ttft_p50_ms'], v['ttft_p50_ms']):+.1f}, "
                              f"{_report.pct_diff(t['ttft_p95_ms'], v['ttft_p95_ms']):+.1f}")  # fmt: skip
     return (
-        f"Resolution reached, at concurrency {'/'.join(map(str, data['concurrencies']))}: " + "; ".join(parts)
+        f"Resolution reached, at concurrency {'/'.join(map(str, data['concurrencies']))}: "
+        + "; ".join(parts)
         + ". A 5 % goal needs an interval inside +-5; the intervals resample requests within runs, so they do not "
         "hold what differs between runs (a stall holds up consecutive requests together), which the rounds show. "
         f"Rounds where neither tool's run had a stall p99 over {QUIET_STALL_MS:.0f} ms (conc./round: TTFT p50 %, "
@@ -438,39 +444,77 @@ def markdown(data: dict[str, Any], title: str = "## Fidelity against the engine 
     ]  # fmt: skip
     m0, m1 = data["machine_before"], data["machine_after"]
     lens = data["prompt_tokens"]
-    return "\n\n".join([
-        title,
-        f"Run {m0['date_utc']}, vLLM {data['engine_version']} CPU build, booted in {data['boot_s']:.0f} s; "
-        f"{data['requests']} rag requests (seed 0, prompts {min(lens)}-{max(lens)} tokens, 48 output tokens, "
-        f"ignore_eos, temperature 0) per tool, concurrency and round, {data['rounds']} rounds, the prefix cache "
-        "reset before every run, tools alternated. "
-        + (f"Pinned: vLLM's whole process tree on core {data['pinned']['server_core']} (`taskset`, "
-           f"`VLLM_CPU_OMP_THREADS_BIND`), both clients and the stall probe on core {data['pinned']['client_core']}. "
-           if data.get("pinned") else "")
-        + "Logs and raw `vllm bench serve` JSON: "
-        f"`{data['logs']}`. {_report.contention(m0, m1)} "
-        + (_report.describe_code(data["code"]) if "code" in data else data.get("code_note", "")),
-        "Each run (server = the server's own TTFT histogram, sum/count deltas over that run; merged = share of "
-        "requests whose first token came in the last quarter of their E2E, i.e. the stream arrived in one piece, "
-        "when the client or vLLM's API process is kept off the CPU; stall = how late a probe process sleeping "
-        "5 ms at a time woke up during the run, p99 and max):",
-        _report.table(["round", "conc.", "tool", "ok", "failed", "TTFT mean ms", "server TTFT mean ms",
-                       "server count", "TTFT p50 ms", "TTFT p95 ms", "out tok/s", "duration s", "prompt tok",
-                       "output tok", "prefix hit rate", "merged", "stall p99 ms", "stall max ms"],
-                      run_rows),  # fmt: skip
-        f"Comparisons (goal: within {GOAL_PCT:.0f} %). Client vs server: (client mean - server mean) / server "
-        "mean, mean of the rounds (min to max); the ms columns are medians of the runs. Tuner vs vllm bench: "
-        "(tuner - vllm) / vllm over the requests of all rounds, with the paired bootstrap 95 % interval and "
-        f"whether it settles the goal (within / outside / unresolved), the unpaired interval in brackets after it; "
-        "out tok/s: mean of the rounds' differences (min to max):",
-        _report.table(["conc.", "pairs", "tuner vs server %", "tuner - server ms", "vllm vs server %",
-                       "vllm - server ms", "TTFT p50 % [95 % CI]", "TTFT p95 % [95 % CI]",
-                       "TTFT p50, p95 % per round", "TTFT mean % [95 % CI]", "E2E mean % [95 % CI]",
-                       "out tok/s %", "same tokens"], comp_rows),  # fmt: skip
-        resolution(data),
-        f"Server alive at the end: {data['server_alive_at_end']}; processes of its tree still running after the "
-        f"stop: {len(data['engine_processes_after'])}.",
-    ])
+    return "\n\n".join(
+        [
+            title,
+            f"vLLM {data['engine_version']} CPU build, booted in {data['boot_s']:.0f} s; "
+            f"{data['requests']} rag requests (seed 0, prompts {min(lens)}-{max(lens)} tokens, 48 output tokens, "
+            f"ignore_eos, temperature 0) per tool, concurrency and round, {data['rounds']} rounds, the prefix cache "
+            "reset before every run, tools alternated. "
+            + (
+                f"Pinned: vLLM's whole process tree on core {data['pinned']['server_core']} (`taskset`, "
+                f"`VLLM_CPU_OMP_THREADS_BIND`), both clients and the stall probe on core "
+                f"{data['pinned']['client_core']}. "
+                if data.get("pinned")
+                else ""
+            )
+            + "Logs and raw `vllm bench serve` JSON: "
+            f"`{data['logs']}`. {_report.contention(m0, m1)}",
+            "Each run (server = the server's own TTFT histogram, sum/count deltas over that run; merged = share of "
+            "requests whose first token came in the last quarter of their E2E, i.e. the stream arrived in one piece, "
+            "when the client or vLLM's API process is kept off the CPU; stall = how late a probe process sleeping "
+            "5 ms at a time woke up during the run, p99 and max):",
+            _report.table(
+                [
+                    "round",
+                    "conc.",
+                    "tool",
+                    "ok",
+                    "failed",
+                    "TTFT mean ms",
+                    "server TTFT mean ms",
+                    "server count",
+                    "TTFT p50 ms",
+                    "TTFT p95 ms",
+                    "out tok/s",
+                    "duration s",
+                    "prompt tok",
+                    "output tok",
+                    "prefix hit rate",
+                    "merged",
+                    "stall p99 ms",
+                    "stall max ms",
+                ],
+                run_rows,
+            ),  # fmt: skip
+            f"Comparisons (goal: within {GOAL_PCT:.0f} %). Client vs server: (client mean - server mean) / server "
+            "mean, mean of the rounds (min to max); the ms columns are medians of the runs. Tuner vs vllm bench: "
+            "(tuner - vllm) / vllm over the requests of all rounds, with the paired bootstrap 95 % interval and "
+            f"whether it settles the goal (within / outside / unresolved), the unpaired interval in brackets after it; "
+            "out tok/s: mean of the rounds' differences (min to max):",
+            _report.table(
+                [
+                    "conc.",
+                    "pairs",
+                    "tuner vs server %",
+                    "tuner - server ms",
+                    "vllm vs server %",
+                    "vllm - server ms",
+                    "TTFT p50 % [95 % CI]",
+                    "TTFT p95 % [95 % CI]",
+                    "TTFT p50, p95 % per round",
+                    "TTFT mean % [95 % CI]",
+                    "E2E mean % [95 % CI]",
+                    "out tok/s %",
+                    "same tokens",
+                ],
+                comp_rows,
+            ),  # fmt: skip
+            resolution(data),
+            f"Server alive at the end: {data['server_alive_at_end']}; processes of its tree still running after the "
+            f"stop: {len(data['engine_processes_after'])}.",
+        ]
+    )
 
 
 def main() -> None:

@@ -4,9 +4,9 @@ Run: ``.venv/bin/python -m tests.benchmarks.bench_noise [--repeats 5]`` (about 1
 repeat on 2 cores). Not part of the default test run.
 
 The vLLM CPU default trial is run ``--repeats`` times exactly as ``tuner search --workload rag``
-runs it: engines, device, model and workload resolved by ``tuner.search`` from the default search
+runs it: engines, device, model and workload resolved by ``tuner.search.run`` from the default search
 space and default options (16 rag requests, seed 0, concurrency 4), and each repeat is
-``tuner.trial.run_trial`` with a fresh boot of the engine. Reported per repeat and over the
+``tuner.measure.trial.run_trial`` with a fresh boot of the engine. Reported per repeat and over the
 repeats: mean, sample standard deviation, coefficient of variation (CV) and the 95 % t-interval of
 ``ttft_p95_ms`` and ``output_throughput_tok_s``, then the number of finalist repeats that CV calls
 for (AIPerf practice: 3 runs for a quick check, 5 standard; CV < 5 % is good, > 10 % needs more),
@@ -29,10 +29,10 @@ import psutil
 
 from tests.benchmarks import _engine, _report
 from tuner.engines.base import Config
+from tuner.measure.trial import TrialContext, TrialResult, run_trial
 from tuner.progress import Progress
-from tuner.search import SearchOptions, detect_device, resolve_engines, resolve_models, resolve_workload
-from tuner.space import load_space
-from tuner.trial import TrialContext, TrialResult, run_trial
+from tuner.search.run import SearchOptions, detect_device, resolve_engines, resolve_models, resolve_workload
+from tuner.search.space import load_space
 
 NAME = "noise"
 METRICS = ("ttft_p95_ms", "output_throughput_tok_s")
@@ -106,8 +106,14 @@ def summarize_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Statistics over the successful repeats and the recommendation they lead to."""
     ok = [r for r in rows if r["failure"] is None]
     if len(ok) < 2:
-        return {"summary": {}, "worst_cv_pct": math.nan, "recommended_repeats": 0,
-                "why": "fewer than 2 successful repeats", "repeats_for_5pct_interval": {}, "separable_pct": {}}
+        return {
+            "summary": {},
+            "worst_cv_pct": math.nan,
+            "recommended_repeats": 0,
+            "why": "fewer than 2 successful repeats",
+            "repeats_for_5pct_interval": {},
+            "separable_pct": {},
+        }
     summary = {m: stats([r[m] for r in ok]) for m in (*METRICS, *EXTRA, "boot_s")}
     worst = max(summary[m]["cv_pct"] for m in METRICS)
     n_rec, why = recommend(worst)
@@ -119,7 +125,7 @@ def summarize_repeats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(repeats: int) -> dict[str, Any]:
-    code = _report.code_state()
+    started = _report.stamp()
     machine_before = _report.machine()
     progress = WatchingProgress()
     opts = SearchOptions(workload="rag")
@@ -141,7 +147,7 @@ def run(repeats: int) -> dict[str, Any]:
         rows.append(_row(i, result, load, time.monotonic() - started, left))
         print(f"repeat {i}: {rows[-1]}", flush=True)
     return {
-        "code": code, "machine_before": machine_before, "machine_after": _report.machine(),
+        "stamp": started, "machine_before": machine_before, "machine_after": _report.machine(),
         "engine_version": env.version, "workload_digest": workload.digest(), "device": device.name,
         "workload": workload.description, "requests": len(workload.requests),
         "concurrency": workload.concurrency, "argv": list(rows[0]["argv"]) if rows else [],
@@ -174,26 +180,56 @@ def markdown(data: dict[str, Any], title: str = "## Noise across fresh boots (`b
         for m in (*METRICS, *EXTRA, "boot_s") if m in s
     ]  # fmt: skip
     m0, m1 = data["machine_before"], data["machine_after"]
-    return "\n\n".join([
-        title,
-        f"Run {m0['date_utc']}: the vLLM {data['engine_version']} default trial as `tuner search --workload rag` "
-        f"runs it ({data['workload']}; {data['requests']} requests), {len(data['repeats'])} fresh-boot repeats "
-        f"through `tuner.trial.run_trial`. Logs: `{data['logs']}`. {_report.contention(m0, m1)}"
-        + (f" {_report.describe_code(data['code'])}" if "code" in data else f" {data.get('code_note', '')}"),
-        _report.table(["repeat", "result", "boot s", "load 1m", "TTFT p95 ms", "TTFT p50 ms", "TTFT mean ms",
-                       "server TTFT mean ms", "out tok/s", "prefix hit rate", "procs left"], rows),  # fmt: skip
-        _report.table(["metric", "mean", "std", "CV %", "95 % t-interval", "median", "min-max",
-                       "runs for +-5 % interval", "gap % separable at 3 / 5 runs"], summary_rows),  # fmt: skip
-        f"Worst CV of the two objectives: {data['worst_cv_pct']:.1f} %. Recommended default finalist repeats: "
-        f"**{data['recommended_repeats']}** ({data['why']}).",
-    ])
+    return "\n\n".join(
+        [
+            title,
+            f"The vLLM {data['engine_version']} default trial as `tuner search --workload rag` "
+            f"runs it ({data['workload']}; {data['requests']} requests), {len(data['repeats'])} fresh-boot repeats "
+            f"through `tuner.measure.trial.run_trial`. Logs: `{data['logs']}`. {_report.contention(m0, m1)}",
+            _report.table(
+                [
+                    "repeat",
+                    "result",
+                    "boot s",
+                    "load 1m",
+                    "TTFT p95 ms",
+                    "TTFT p50 ms",
+                    "TTFT mean ms",
+                    "server TTFT mean ms",
+                    "out tok/s",
+                    "prefix hit rate",
+                    "procs left",
+                ],
+                rows,
+            ),  # fmt: skip
+            _report.table(
+                [
+                    "metric",
+                    "mean",
+                    "std",
+                    "CV %",
+                    "95 % t-interval",
+                    "median",
+                    "min-max",
+                    "runs for +-5 % interval",
+                    "gap % separable at 3 / 5 runs",
+                ],
+                summary_rows,
+            ),  # fmt: skip
+            f"Worst CV of the two objectives: {data['worst_cv_pct']:.1f} %. Recommended default finalist repeats: "
+            f"**{data['recommended_repeats']}** ({data['why']}).",
+        ]
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--render-only", action="store_true",
-                        help="re-derive the statistics and the table from the repeats stored in reports/, no run")
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="re-derive the statistics and the table from the repeats stored in reports/, no run",
+    )
     args = parser.parse_args()
     if args.render_only:
         data = json.loads(_report.JSON_PATH.read_text())[NAME]

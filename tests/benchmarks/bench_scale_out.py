@@ -114,7 +114,7 @@ def render(data: dict[str, Any]) -> str:
              _cell(r["drive_s"])] for r in runs]  # fmt: skip
     return "\n".join([
         "# Scale-out (`tests/benchmarks/bench_scale_out.py`)", "",
-        f"Run {data['when']} on {data['machine']}: `tuner worker` processes against one PostgreSQL study "
+        "`tuner worker` processes against one PostgreSQL study "
         f"(PostgreSQL {data['postgres']}), real vLLM CPU engines, {data['trials']} booted trials requested per run "
         "(rag, 6 requests each, chunk size x max_num_seqs space), heartbeat 2 s, grace 12 s. All runs measured "
         f"in this one invocation, {data['rounds']} rounds of 1, 2, 3 workers and 3 with one SIGKILLed, "
@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    started = _report.stamp()
     url = os.environ["TUNER_TEST_POSTGRES"]
     work = _report.ROOT / "studies" / "logs" / "benchmarks" / f"scale-out-{time.strftime('%Y%m%d-%H%M%S')}"
     work.mkdir(parents=True, exist_ok=True)
@@ -152,13 +153,13 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         for workers, kill in ((1, False), (2, False), (3, False), (3, True)):
             runs.append({"round": round_, **one_run(url, workers, args.trials, work, kill=kill)})
-    version = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.split()[-1]
-    data = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trials": args.trials, "runs": runs,
-            "rounds": args.rounds, "machine": f"{os.cpu_count()} CPUs", "postgres": version,
+    version = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.split()[2]
+    data = {"stamp": started, "trials": args.trials, "runs": runs, "rounds": args.rounds, "postgres": version,
             "logs": str(work)}  # fmt: skip
-    (_report.REPORTS / "scale-out.md").write_text(render(data))
+    text = _report.stamped(render(data), started)
+    (_report.REPORTS / "scale-out.md").write_text(text + "\n")
     (_report.REPORTS / "scale_out.json").write_text(json.dumps(data, indent=1) + "\n")
-    print(render(data))
+    print(text)
 
 
 if __name__ == "__main__":

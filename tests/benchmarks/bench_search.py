@@ -29,14 +29,14 @@ from typing import Any
 import optuna
 
 from tests.benchmarks import _report, _table
-from tuner.feasible import feasible_trials
-from tuner.grid import grid_points, shuffled
-from tuner.objective import SearchObjective
-from tuner.objectives import directions
-from tuner.samplers import make_sampler
-from tuner.space import load_space
-from tuner.stress import judge as judge_stress
-from tuner.study import enqueue_defaults
+from tuner.measure.stress import judge as judge_stress
+from tuner.search.grid import grid_points, shuffled
+from tuner.search.objective import SearchObjective
+from tuner.search.samplers import make_sampler
+from tuner.search.scoring import directions
+from tuner.search.space import load_space
+from tuner.study.attrs import enqueue_defaults
+from tuner.study.feasible import feasible_trials
 
 SPACE = _report.ROOT / "search_spaces" / "grid-cpu.yaml"
 # Tighter than the rag preset's (2000/3000 ms), which every config meets on this quiet CPU: at these
@@ -171,7 +171,7 @@ def render(data: dict[str, Any]) -> str:
     truth, lines = data["truth"], []
     lines += [
         "# Search benchmark (`tests/benchmarks/bench_search.py`)", "",
-        f"Run {data['when']} on the table `tests/benchmarks/data/grid_vllm_cpu_rag.json`: every config of "
+        f"The table `tests/benchmarks/data/grid_vllm_cpu_rag.json`: every config of "
         f"`search_spaces/grid-cpu.yaml` ({truth['size'] - 1} configs plus the engine default, {truth['served']} of "
         f"which served) measured once as a `tuner search` trial on the vLLM {data['engine']} CPU build "
         f"({data['measured']}). Each sampler ran {data['seeds']} seeds; a run is a study as `tuner search` makes it "
@@ -226,7 +226,7 @@ def _stress_section(cases: list[dict[str, Any]]) -> list[str]:
     return [
         "## Stress check over the table", "",
         f"Each served config's recorded stress run (its longest request x peak concurrency 4, cold cache, 8 "
-        f"requests) judged by `tuner.stress.judge` at the benchmark SLO: {len(caught)} of {len(cases)} served "
+        f"requests) judged by `tuner.measure.stress.judge` at the benchmark SLO: {len(caught)} of {len(cases)} served "
         "configs booted and served their trial but broke at peak load:", "",
         _report.table(["config", "trial TTFT / E2E p95 ms", "stress TTFT / E2E p95 ms", "class", "engine's KV cache"],
                       rows), "",
@@ -244,6 +244,7 @@ def main() -> None:
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--table", type=Path, default=_table.TABLE)
     args = parser.parse_args()
+    started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = _table.load(args.table)
     truth = grid_truth(table)
@@ -268,13 +269,14 @@ def main() -> None:
         if not p["failure"]
         and _table.trial_metrics(p["request_log"], SLO)["goodput_req_s"] >= (1 - WITHIN) * truth["best_goodput"]
     ]
-    data = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seeds": args.seeds, "truth": truth,
+    data = {"stamp": started, "seeds": args.seeds, "truth": truth,
             "near_best": near,
             "engine": table["engine"]["version"], "measured": _measured(table), "slo": SLO,
             "results": results, "ablations": ablations, "stress": stress_cases(table)}  # fmt: skip
-    (_report.REPORTS / "search.md").write_text(render(data))
+    text = _report.stamped(render(data), started)
+    (_report.REPORTS / "search.md").write_text(text + "\n")
     (_report.REPORTS / "search.json").write_text(json.dumps(_report._finite(data), indent=1) + "\n")
-    print(render(data))
+    print(text)
 
 
 def _measured(table: dict[str, Any]) -> str:

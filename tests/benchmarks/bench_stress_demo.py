@@ -47,6 +47,7 @@ def write_trace(path: Path) -> None:
 
 
 def main() -> None:
+    started = _report.stamp()
     work = _report.ROOT / "studies" / "logs" / "benchmarks" / f"stress-demo-{time.strftime('%Y%m%d-%H%M%S')}"
     work.mkdir(parents=True, exist_ok=True)
     (work / "space.yaml").write_text(SPACE)
@@ -71,7 +72,7 @@ def main() -> None:
                      f"{check.get('e2e_p95_ms') or float('nan'):.0f}", check["failure"] or "passed"])  # fmt: skip
     text = "\n".join([
         "# Stress check, built on purpose (`tests/benchmarks/bench_stress_demo.py`)", "",
-        f"Run {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, vLLM CPU build, real `tuner search` "
+        "A real `tuner search` on the vLLM CPU build "
         f"(log: `{work / 'search.log'}`). Workload: a trace of {REQUESTS} distinct ~700-token prompts with 256 "
         f"tokens out, open loop at {RATE}/s with at most {PEAK} in flight; SLO {SLO}. The stress check: the "
         f"{2 * PEAK} longest requests at concurrency {PEAK}, prefix cache emptied first.", "",
@@ -79,6 +80,7 @@ def main() -> None:
                        "stress E2E p95 ms", "stress check"], rows), "",
         f"Verdict of the study: {study.user_attrs['verdict']}.", "",
     ])  # fmt: skip
+    text = _report.stamped(text, started) + "\n"
     (_report.REPORTS / "search_stress.md").write_text(text)
     print(text)
 

@@ -4,9 +4,9 @@ Run: ``.venv/bin/python -m tests.benchmarks.measure_grid [--out FILE] [--limit N
 on 2 cores for the 168 configs). Not part of the default test run. Resumable: configs already in
 the output file are skipped, so an interrupted run continues where it stopped.
 
-Each config runs exactly as a ``tuner search`` trial does (``tuner.trial.run_trial``: fresh boot,
+Each config runs exactly as a ``tuner search`` trial does (``tuner.measure.trial.run_trial``: fresh boot,
 discarded warmup, prefix cache reset, 40 rag requests at concurrency 4, seed 0), then, on the same
-server, the stress run of ``tuner.stress`` (the longest request at peak concurrency, cold cache).
+server, the stress run of ``tuner.measure.stress`` (the longest request at peak concurrency, cold cache).
 For every config the file keeps the failure class, the summary metrics, one row per request (so
 any percentile, goodput under any SLO, or what a pruner saw at any point can be recomputed), the
 stress run's raw outcome, the wall time of every phase, and the engine's own memory lines from its
@@ -27,12 +27,12 @@ from typing import Any
 
 from tests.benchmarks import _report
 from tuner.engines.base import Config
-from tuner.grid import grid_points, shuffled
+from tuner.measure.stress import VERSION as STRESS_VERSION
+from tuner.measure.trial import TrialContext, run_trial
 from tuner.progress import Progress
-from tuner.search import SearchOptions, detect_device, resolve_engines, resolve_models, resolve_workload
-from tuner.space import load_space
-from tuner.stress import VERSION as STRESS_VERSION
-from tuner.trial import TrialContext, run_trial
+from tuner.search.grid import grid_points, shuffled
+from tuner.search.run import SearchOptions, detect_device, resolve_engines, resolve_models, resolve_workload
+from tuner.search.space import load_space
 
 SPACE = _report.ROOT / "search_spaces" / "grid-cpu.yaml"
 OUT = _report.ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"

@@ -12,13 +12,13 @@ import optuna
 import pytest
 
 from tests.unit.test_export import _joint_study
+from tuner.deploy.export import export_study
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device
 from tuner.engines.env import probe
-from tuner.export import export_study
-from tuner.models import default_models
-from tuner.outcome import TrialResult
-from tuner.study import record
+from tuner.engines.models import default_models
+from tuner.measure.trial import TrialResult
+from tuner.search.objective import record
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ["sh", "json", "python", "compose", "k8s"]

@@ -15,14 +15,13 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.check import check_argvs
+from tuner.deploy.formats import engine_args, read_python, read_sh, render_python, render_sh
+from tuner.deploy.verify import check_argvs
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe
-from tuner.launch_sh import engine_args, read_sh, render_sh
-from tuner.launchers import read_python, render_python
-from tuner.models import default_models
-from tuner.space import load_space, suggest
+from tuner.engines.models import default_models
+from tuner.search.space import load_space, suggest
 
 SAMPLED_POINTS = 200
 DEVICES = {

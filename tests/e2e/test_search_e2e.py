@@ -23,8 +23,8 @@ import optuna
 import pytest
 
 from tests.e2e.conftest import ROOT, engine_processes, tuner
-from tuner.process import free_port
-from tuner.study import DIRECTIONS
+from tuner.measure.process import free_port
+from tuner.search.scoring import DIRECTIONS
 
 pytestmark = pytest.mark.engine
 STUDY = "e2e"

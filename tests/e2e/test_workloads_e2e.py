@@ -25,13 +25,13 @@ import jsonschema
 import pytest
 
 from tests.e2e.conftest import tuner
-from tuner import models
-from tuner.driver import DriveResult, drive_sync
+from tuner.client.driver import DriveResult, drive_sync
+from tuner.engines import models
 from tuner.engines.base import Config, Device
 from tuner.engines.env import EngineEnv
+from tuner.engines.prometheus import metric_total, parse_prometheus
 from tuner.engines.vllm import VllmAdapter
-from tuner.metrics import metric_total, parse_prometheus
-from tuner.process import ServerProcess, free_port
+from tuner.measure.process import ServerProcess, free_port
 from tuner.workloads import build_workload, load_tokenizer
 from tuner.workloads.base import Workload
 

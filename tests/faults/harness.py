@@ -14,7 +14,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner.cli import main
+from tuner.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tuner" / "workloads" / "corpus.txt"

@@ -16,7 +16,14 @@ from tests.e2e.conftest import marked_processes
 
 MARKER = ("TUNER_FAULTS_RUN", uuid.uuid4().hex)
 os.environ[MARKER[0]] = MARKER[1]
-SIGNS = ("tuner.reaper", "vllm.entrypoints.openai.api_server", "VLLM::", "EngineCore", "fault_engine", "check_vllm.py")
+SIGNS = (
+    "tuner.measure.reaper",
+    "vllm.entrypoints.openai.api_server",
+    "VLLM::",
+    "EngineCore",
+    "fault_engine",
+    "check_vllm.py",
+)
 
 
 def started() -> list[psutil.Process]:

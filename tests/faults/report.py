@@ -5,37 +5,60 @@
     .venv/bin/python -m tests.faults.report
 
 Nothing is written by hand: every row is one test's own record (``tests.faults.outcomes``), so a
-fault whose test did not run, or failed before recording, is missing here and listed as such.
+fault whose test did not run, or failed before recording, is missing here and listed as such. Only
+the newest run's records are read (the run whose last record is newest; ``--run ID`` picks another):
+a record from an earlier run never fills a gap in this one. The header carries that run's stamp.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import argparse
 import json
-import os
-import platform
 import sys
+from pathlib import Path
 from typing import Any
 
+from tests.benchmarks.stamp import stamp_line
 from tests.faults.outcomes import RESULTS, ROOT
 
 OUT = ROOT / "reports"
-# Rows in the order a reader meets the faults: the engine's, the machine's, the storage's, the user's.
-ORDER = ["never_ready", "exit_boot", "http_500", "stream_cut", "bad_sse", "slow", "stall", "die_mid", "metrics_",
-         "SIGKILL-engine", "port-taken", "disk-full", "storage-outage-short", "storage-outage-long",
-         "SIGINT-during-boot", "SIGTERM-during-boot", "SIGINT-during-workload", "SIGTERM-during-workload",
-         "SIGKILL-tuner", "SIGINT-during-export", "SIGTERM-during-export", "SIGINT-while-writing",
-         "secrets"]  # fmt: skip
-EXPECTED = 27  # rows the suite records when every test ran, the two real-engine ones included
+# Every row the suite records when every test ran (the two real-engine ones included), in the order a
+# reader meets the faults: the engine's, the machine's, the storage's, the user's.
+EXPECTED_FAULTS = ("never_ready", "exit_boot", "http_500", "stream_cut", "bad_sse", "slow", "stall", "die_mid",
+                   "metrics_bad", "metrics_missing", "SIGKILL-engine-mid-workload", "port-taken-once",
+                   "port-taken-twice", "disk-full-for-log", "storage-outage-short", "storage-outage-long",
+                   "SIGINT-during-boot", "SIGTERM-during-boot", "SIGINT-during-workload", "SIGTERM-during-workload",
+                   "SIGKILL-tuner", "SIGKILL-tuner-real-engine", "SIGINT-during-export", "SIGTERM-during-export",
+                   "SIGINT-while-writing-moving", "SIGINT-while-writing-staging",
+                   "secrets-in-environment")  # fmt: skip
+EXPECTED_FUZZ = ("cli-values", "search-space-yaml", "slo-strings", "trace-files")
+RECORDS = ("fault-*.json", "fuzz-*.json", "finding-*.json")
 
 
-def load() -> dict[str, Any]:
-    faults = sorted((json.loads(p.read_text()) for p in RESULTS.glob("fault-*.json")), key=_place)
-    fuzz = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("fuzz-*.json"))]
-    findings = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("finding-*.json"))]
+def newest_run() -> Path | None:
+    """The run folder whose last record is the newest (None: no run recorded anything)."""
+    folders = [d for d in RESULTS.iterdir() if d.is_dir()] if RESULTS.is_dir() else []
+    runs = {d: [p.stat().st_mtime for g in RECORDS for p in d.glob(g)] for d in folders}
+    recorded = {d: max(times) for d, times in runs.items() if times}
+    return max(recorded, key=lambda d: recorded[d]) if recorded else None
+
+
+def load(run: Path) -> dict[str, Any]:
+    """The records of one run, and what that run should have recorded but did not."""
+
+    def read(pattern: str) -> list[dict[str, Any]]:
+        records = [json.loads(p.read_text()) for p in sorted(run.glob(pattern))]
+        return [r for r in records if r.get("run_id", run.name) == run.name]
+
+    faults, fuzz, findings = sorted(read("fault-*.json"), key=_place), read("fuzz-*.json"), read("finding-*.json")
+    times = sorted(r["recorded_at"] for r in (*faults, *fuzz, *findings) if "recorded_at" in r)
+    stamp_file = run / "run.json"
     return {
-        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "run_id": run.name,
+        "stamp": json.loads(stamp_file.read_text()) if stamp_file.exists() else {"run_id": run.name},
+        "recorded": {"first": times[0], "last": times[-1]} if times else None,
+        "missing_faults": [f for f in EXPECTED_FAULTS if f not in {r["fault"] for r in faults}],
+        "missing_fuzz": [p for p in EXPECTED_FUZZ if p not in {r["prop"] for r in fuzz}],
         "faults": faults,
         "fuzz": fuzz,
         "open_findings": findings,
@@ -54,7 +77,7 @@ def load() -> dict[str, Any]:
 
 def _place(row: dict[str, Any]) -> tuple[int, str]:
     name = row["fault"]
-    return next((i for i, prefix in enumerate(ORDER) if name.startswith(prefix)), len(ORDER)), name
+    return (EXPECTED_FAULTS.index(name) if name in EXPECTED_FAULTS else len(EXPECTED_FAULTS)), name
 
 
 def _cell(text: object) -> str:
@@ -63,11 +86,15 @@ def _cell(text: object) -> str:
 
 def render(data: dict[str, Any]) -> str:
     t = data["totals"]
+    recorded = data["recorded"]
+    when = f", records made {recorded['first']} to {recorded['last']}" if recorded else ""
     lines = [
         "# Reliability: faults injected, bad input fuzzed",
         "",
-        f"Generated by `python -m tests.faults.report` from the records of the test run "
-        f"({data['generated_at']}, {data['machine']}); every row is one test's own outcome.",
+        f"_{stamp_line(data['stamp'])}._",
+        "",
+        f"Generated by `python -m tests.faults.report` from the records of one test run only (`{data['run_id']}`"
+        f"{when}); every row is one test's own outcome.",
         "",
         f"**{t['faults']} faults**: processes left {t['processes_left']}, trials lost {t['trials_lost']}, "
         f"study resumed after {t['resumed']} of {t['faults']}.",
@@ -78,9 +105,11 @@ def render(data: dict[str, Any]) -> str:
     for f in data["faults"]:
         said = " | ".join(_cell(f[k]) for k in ("fault", "engine", "injected", "tuner_did", "recorded"))
         lines.append(f"| {said} | {f['processes_left']} | {f['trials_lost']} | {'yes' if f['resumed'] else 'no'} |")
-    if t["faults"] < EXPECTED:
-        lines += ["", f"Only {t['faults']} of the {EXPECTED} fault rows were recorded: the others' tests did "
-                  "not run here (those marked `engine` need the real vLLM CPU build), or failed."]  # fmt: skip
+    if data["missing_faults"]:
+        lines += ["", f"**Missing from this run**: {len(data['missing_faults'])} of the {len(EXPECTED_FAULTS)} "
+                  "fault rows were not recorded (their tests did not run in it, those marked `engine` need the "
+                  "real vLLM CPU build, or failed before recording): "
+                  + ", ".join(f"`{f}`" for f in data["missing_faults"]) + "."]  # fmt: skip
     lines += [
         "",
         "## Fuzzed inputs",
@@ -95,6 +124,8 @@ def render(data: dict[str, Any]) -> str:
     ]
     for f in data["fuzz"]:
         lines.append(f"| {f['prop']} | {f['tried']} | {f['worked']} | {f['exit2_one_line']} | {len(f['other'])} |")
+    if data["missing_fuzz"]:
+        lines += ["", "**Missing from this run**: " + ", ".join(f"`{p}`" for p in data["missing_fuzz"]) + "."]
     if data["open_findings"]:
         lines += ["", "## Open findings", "",
                   "Bugs the suite revealed in modules it does not own, each pinned by a strict `xfail` test "
@@ -104,9 +135,17 @@ def render(data: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    data = load()
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.faults.report", description="Render the newest test run's reliability records."
+    )
+    parser.add_argument("--run", help=f"render this run (a folder under {RESULTS}) instead of the newest")
+    args = parser.parse_args()
+    run = RESULTS / args.run if args.run else newest_run()
+    if run is None or not run.is_dir():
+        sys.exit(f"no test run recorded under {RESULTS}{f' as {args.run}' if args.run else ''}: run the tests first")
+    data = load(run)
     if not data["faults"] and not data["fuzz"]:
-        sys.exit(f"nothing recorded under {RESULTS}: run the tests first")
+        sys.exit(f"run {run.name} recorded no fault and no fuzz property: run the tests first")
     (OUT / "reliability.json").write_text(json.dumps(data, indent=2) + "\n")
     (OUT / "reliability.md").write_text(render(data))
     print(

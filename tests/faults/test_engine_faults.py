@@ -34,7 +34,8 @@ FAULTS: dict[str, tuple[str, str | None]] = {
 def short_deadlines(monkeypatch: pytest.MonkeyPatch, stall: bool) -> None:
     """A 3 s boot deadline polled every 0.2 s, and for the stall a 1.5 s request timeout: the defaults
     (300 s, 120 s) would make the suite wait minutes for the same outcome."""
-    from tuner import process, serving
+    from tuner.measure import process
+    from tuner.measure import trial as serving
 
     wait_ready = process.ServerProcess.wait_ready
     monkeypatch.setattr(

@@ -73,7 +73,7 @@ def test_ctrl_c_while_writing_leaves_the_old_export_or_the_whole_new_one(
     out = tmp_path / "launch"
     out.mkdir()
     (out / "faults-trial0.sh").write_text("old\n")
-    from tuner import atomic
+    from tuner.deploy import atomic
 
     calls = {"n": 0}
     target = "write_text" if when == "staging" else "replace"

@@ -31,7 +31,7 @@ def test_a_port_taken_before_the_engine_binds_it(
 ) -> None:
     """The trial's port (and, the second time, the retry's too) is given to a squatter just after it
     was chosen: once is retried on a fresh port and served; twice is ``port_in_use``."""
-    from tuner import process, trial
+    from tuner.measure import process, trial
 
     with squatted() as first, squatted() as second:
         ports = iter([first])

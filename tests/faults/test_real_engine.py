@@ -25,7 +25,7 @@ import pytest
 from tests.faults import procs
 from tests.faults.harness import ROOT, SPACE, Study, lost, run_cli, spawn, states
 from tests.faults.outcomes import FaultRow, record_fault
-from tuner.study import DIRECTIONS
+from tuner.search.scoring import DIRECTIONS
 
 pytestmark = pytest.mark.engine
 API_SERVER = "vllm.entrypoints.openai.api_server"
@@ -48,7 +48,9 @@ def _wait_served(trial_log: Path, n: int, proc: subprocess.Popen[bytes]) -> None
 
 
 def _api_server() -> psutil.Process:
-    found = [p for p in procs.started() if API_SERVER in " ".join(p.cmdline()) and "tuner.reaper" not in p.cmdline()]
+    found = [
+        p for p in procs.started() if API_SERVER in " ".join(p.cmdline()) and "tuner.measure.reaper" not in p.cmdline()
+    ]
     assert len(found) == 1, found
     return found[0]
 

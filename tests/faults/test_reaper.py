@@ -1,4 +1,4 @@
-"""``tuner.reaper`` under ``ServerProcess``: the engine's exit status reads as before, and an engine
+"""``tuner.measure.reaper`` under ``ServerProcess``: the engine's exit status reads as before, and an engine
 outlives neither a SIGKILLed tuner nor its own SIGTERM handler (one that ignores it)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from tests.faults import procs
 from tests.faults.harness import ROOT
 from tuner.engines.base import LaunchSpec
-from tuner.process import ServerProcess
+from tuner.measure.process import ServerProcess
 
 STUBBORN = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "os.fork() == 0 and os.setsid(); time.sleep(600)  # fault_engine stand-in")  # fmt: skip
@@ -47,7 +47,7 @@ def test_an_engine_that_cannot_start_says_why_in_its_log(tmp_path: Path) -> None
 def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("tuner.process.STOP_GRACE_S", 2.0)
+    monkeypatch.setattr("tuner.measure.process.STOP_GRACE_S", 2.0)
     started = time.monotonic()
     with ServerProcess(_spec(STUBBORN), tmp_path / "engine.log"):
         time.sleep(1.0)
@@ -57,7 +57,8 @@ def test_an_engine_that_ignores_sigterm_is_killed_after_the_grace(
 
 def test_a_sigkilled_tuner_takes_even_a_stubborn_engine_with_it(tmp_path: Path) -> None:
     script = ("import sys, time; from pathlib import Path; from tuner.engines.base import LaunchSpec; "
-              "import tuner.process; from tuner.process import ServerProcess; tuner.process.STOP_GRACE_S = 2.0\n"
+              "import tuner.measure.process; from tuner.measure.process import ServerProcess; "
+              "tuner.measure.process.STOP_GRACE_S = 2.0\n"
               f"with ServerProcess(LaunchSpec('vllm', (sys.executable, '-c', {STUBBORN!r}), {{}}, 1, '/h', 'm'), "
               f"Path({str(tmp_path / 'engine.log')!r})):\n    print('up', flush=True); time.sleep(600)\n")  # fmt: skip
     tuner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE)

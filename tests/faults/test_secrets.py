@@ -52,7 +52,7 @@ def test_secrets_are_passed_by_environment_and_written_nowhere(
         printed.append(err)
     monkeypatch.setattr(subprocess.Popen, "__init__", popen)
     assert started and all(isinstance(a, list | tuple) and shell is False for a, shell in started), started
-    assert sum("tuner.reaper" in a for a, _ in started) == 2, "both engines, each started as an argv list"
+    assert sum("tuner.measure.reaper" in a for a, _ in started) == 2, "both engines, each started as an argv list"
     seen = [e for e in engine.events() if e.split()[1:2] == ["env"]]
     assert seen and all(e.split()[2:] == sorted(SECRETS) for e in seen), "every engine got them, by environment"
     written = [p for p in tmp_path.rglob("*") if p.is_file() and "engine" not in p.parts]

@@ -1,5 +1,5 @@
 """The tuner interrupted: SIGINT and SIGTERM during boot and during the workload, and SIGKILL, which
-no handler sees (the reaper, ``tuner.reaper``, must stop the engine then)."""
+no handler sees (the reaper, ``tuner.measure.reaper``, must stop the engine then)."""
 
 from __future__ import annotations
 

@@ -15,15 +15,13 @@ from tests.faults.harness import FaultEngine, Study, lost, make_study, resumed, 
 from tests.faults.outcomes import FaultRow, record_fault
 from tests.faults.pg import Postgres
 
+pytestmark = pytest.mark.postgres  # without initdb these fail, unless TUNER_SKIP_TIERS leaves them out
 FIRST_TRIAL_REQUESTS = 10
 
 
 @pytest.fixture
 def postgres() -> Iterator[Postgres]:
-    try:
-        server = Postgres()
-    except (FileNotFoundError, OSError) as exc:
-        pytest.skip(f"no PostgreSQL to stop and start here: {exc}")
+    server = Postgres()
     yield server
     server.remove()
 
@@ -86,8 +84,8 @@ def test_a_short_outage_is_waited_out(
 def test_an_outage_beyond_patience_stops_the_search_with_one_line(
     pg_study: Study, engine: FaultEngine, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("tuner.storage.PATIENCE_S", 3.0)
-    monkeypatch.setattr("tuner.fleet.GRACE_S", 3, raising=False)  # the dead trial is found stale sooner
+    monkeypatch.setattr("tuner.study.storage.PATIENCE_S", 3.0)
+    monkeypatch.setattr("tuner.fleet.loop.GRACE_S", 3, raising=False)  # the dead trial is found stale sooner
     monkeypatch.setenv("TUNER_FAULT", "ok,slow")
     monkeypatch.setenv("TUNER_FAULT_SLOW_S", "0.02")
     restart = threading.Event()
@@ -124,7 +122,7 @@ def test_an_outage_beyond_patience_stops_the_search_with_one_line(
 def test_an_outage_as_a_trial_starts_is_waited_out(
     pg_study: Study, engine: FaultEngine, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tuner import fleet
+    from tuner.fleet import loop as fleet
 
     held, calls, timer = fleet.Reservation.held, {"n": 0}, threading.Timer(3.0, postgres.start)
 

@@ -13,15 +13,18 @@ import httpx
 import psutil
 
 from tests.storage.test_storage import _result, _run
-from tuner.process import free_port
-from tuner.study import bind_study_attrs, open_study
+from tuner.measure.process import free_port
+from tuner.search.samplers import make_sampler
+from tuner.search.scoring import DIRECTIONS
+from tuner.study.attrs import bind_study_attrs
+from tuner.study.storage import open_study
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_dashboard_lists_the_study_and_the_trials_user_attributes(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'dash.db'}"
-    study = open_study("dash", storage, seed=0)
+    study = open_study("dash", storage, DIRECTIONS, make_sampler("tpe", 0))
     bind_study_attrs(study, {"workload": "rag", "workload_digest": "c" * 64})
     _run(study, _result(123.0, 45.0))
     _run(study, _result(1.0, 1.0, failure="kv_insufficient"))

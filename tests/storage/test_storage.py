@@ -18,10 +18,14 @@ import pytest
 
 from tuner.engines.base import Config, LaunchSpec
 from tuner.errors import ConfigError
-from tuner.feasible import feasible_pareto
-from tuner.study import bind_study_attrs, enqueue_defaults, load_existing, open_study, record, storage_url
-from tuner.summary import trials_table
-from tuner.trial import TrialResult
+from tuner.measure.trial import TrialResult
+from tuner.report.trials_table import trials_table
+from tuner.search.objective import record
+from tuner.search.samplers import make_sampler
+from tuner.search.scoring import DIRECTIONS
+from tuner.study.attrs import bind_study_attrs, enqueue_defaults
+from tuner.study.feasible import feasible_pareto
+from tuner.study.storage import load_existing, open_study, storage_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +54,7 @@ def _run(study: optuna.Study, result: TrialResult) -> None:
 
 def test_a_study_round_trips_through_the_storage(storage: str) -> None:
     name = f"s-{uuid.uuid4().hex[:8]}"
-    study = open_study(name, storage, seed=0)
+    study = open_study(name, storage, DIRECTIONS, make_sampler("tpe", 0))
     bind_study_attrs(study, {"workload": "rag", "workload_digest": "a" * 64})
     enqueue_defaults(study, ["vllm"])
     enqueue_defaults(study, ["vllm"])  # a resumed search must not enqueue the default twice
@@ -71,7 +75,7 @@ def test_a_study_round_trips_through_the_storage(storage: str) -> None:
 
 def test_the_cli_reads_the_storage_from_the_environment(storage: str) -> None:
     name = f"env-{uuid.uuid4().hex[:8]}"
-    _run(open_study(name, storage, seed=0), _result(10.0, 5.0))
+    _run(open_study(name, storage, DIRECTIONS, make_sampler("tpe", 0)), _result(10.0, 5.0))
     done = subprocess.run(
         [sys.executable, "-m", "tuner", "trials", "--study", name],
         cwd=ROOT,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-import tuner.check
+import tuner.deploy.verify
 import tuner.engines.env
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner.engines import ADAPTERS
 from tuner.engines.base import EngineAdapter
 from tuner.engines.env import EngineEnv
@@ -49,7 +49,7 @@ def test_verdicts_of_a_found_environment_are_said_before_a_missing_ones_error(
         return [{"ok": True, "speculative": False} for _ in argvs]
 
     monkeypatch.setattr(tuner.engines.env, "probe", probe)
-    monkeypatch.setattr(tuner.check, "check_argvs", check_argvs)
+    monkeypatch.setattr(tuner.deploy.verify, "check_argvs", check_argvs)
     vllm, sglang = _manifest(tmp_path, "vllm", "/venvs/vllm/bin/python"), _manifest(tmp_path, "sglang", "/nowhere")
     code, out, err = cli(["check", str(vllm), str(sglang)], capsys)
     assert code != 0 and checked == [[["--model", "m"]]]
@@ -61,7 +61,9 @@ def test_an_unreadable_file_stops_the_check_before_any_parser_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(tuner.check, "check_argvs", lambda env, argvs, timeout_s=600.0: ran.append(env.engine) or [])
+    monkeypatch.setattr(
+        tuner.deploy.verify, "check_argvs", lambda env, argvs, timeout_s=600.0: ran.append(env.engine) or []
+    )
     vllm = _manifest(tmp_path, "vllm", "/venvs/vllm/bin/python")
     code, out, err = cli(["check", str(vllm), str(tmp_path / "missing.sh")], capsys)
     assert code == 2 and ran == [] and out == ""

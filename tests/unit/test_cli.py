@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from tuner.cli import main
+from tuner.cli.main import main
 
 
 @pytest.fixture(autouse=True)
@@ -165,9 +165,9 @@ def test_search_sglang_by_name_without_a_gpu_is_a_config_error(
     capsys: pytest.CaptureFixture[str], _isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Asked for by name, an engine that cannot run here is refused before anything is probed or booted."""
-    import tuner.resolve
+    import tuner.search.resolve
 
-    monkeypatch.setattr(tuner.resolve, "gpu_visible", lambda: False)
+    monkeypatch.setattr(tuner.search.resolve, "gpu_visible", lambda: False)
     assert main(["search", "--workload", "rag", "--engines", "sglang"]) == 2
     line = _one_line(capsys)
     assert "sglang" in line and "GPU" in line
@@ -176,7 +176,7 @@ def test_search_sglang_by_name_without_a_gpu_is_a_config_error(
 
 def test_search_sglang_on_this_machine(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:
     """The same, with the machine's own answer to whether a GPU is visible (none on the test machine)."""
-    from tuner.telemetry import gpu_visible
+    from tuner.measure.telemetry import gpu_visible
 
     if gpu_visible():
         pytest.skip("an NVIDIA GPU is visible here")

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import pytest
 from tokenizers import Tokenizer
 
-from tuner.cli import main
+from tuner.cli.main import main
 
 
 @pytest.fixture

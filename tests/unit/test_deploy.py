@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tuner.deploy import read_container_args, render_compose, render_k8s
+from tuner.deploy.formats import read_container_args, read_launcher, render_compose, render_k8s, render_python
+from tuner.deploy.provenance import provenance
 from tuner.errors import ExportError
-from tuner.launchers import read_launcher, render_python
-from tuner.provenance import provenance
 
 NASTY = '/models/my "model"; touch pwned; /x y'
 SPEC = json.dumps({"model": "/models/draft 2", "num_speculative_tokens": 3, "method": "draft_model"})

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.unit.test_deploy import _manifest
-from tuner.deploy import render_compose, render_k8s
-from tuner.provenance import provenance
+from tuner.deploy.formats import render_compose, render_k8s
+from tuner.deploy.provenance import provenance
 
 COMPOSE_SCHEMA = Path(__file__).resolve().parents[2] / ".cache" / "schemas" / "compose_spec.json"
 

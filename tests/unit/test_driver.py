@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tuner.driver import DriveResult, RequestRecord, drive, drive_sync
+from tuner.client.driver import DriveResult, RequestRecord, drive, drive_sync
 from tuner.workloads.base import Request
 
 Handler = Callable[[httpx.Request], Coroutine[None, None, httpx.Response]]

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tuner.driver import SESSION_ABORTED, DriveResult, drive
+from tuner.client.driver import SESSION_ABORTED, DriveResult, drive
 from tuner.workloads.base import CHAT_ENDPOINT, Request
 
 BASE_URL = "http://engine.test"

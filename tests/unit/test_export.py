@@ -14,13 +14,15 @@ from typing import Any
 import optuna
 import pytest
 
+from tuner.deploy.export import manifest, safe_stem, select_trials
+from tuner.deploy.formats import engine_args, read_sh, render_sh
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
 from tuner.errors import ExportError
-from tuner.export import manifest, safe_stem, select_trials
-from tuner.launch_sh import engine_args, read_sh, render_sh
-from tuner.study import DIRECTIONS, bind_study_attrs, record
-from tuner.trial import TrialResult
+from tuner.measure.trial import TrialResult
+from tuner.search.objective import record
+from tuner.search.scoring import DIRECTIONS
+from tuner.study.attrs import bind_study_attrs
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="bash is not installed")
@@ -351,7 +353,7 @@ class _FakeChecks:
     """Stands in for the engine environments: probe() and the parser check, recording their calls."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, reject: str | None = None) -> None:
-        import tuner.check
+        import tuner.deploy.verify
         import tuner.engines.env
         from tuner.engines.base import EngineAdapter
         from tuner.engines.env import EngineEnv
@@ -372,15 +374,15 @@ class _FakeChecks:
             return [{"ok": True, "error": None, "speculative": "--speculative-algorithm" in a} for a in argvs]
 
         monkeypatch.setattr(tuner.engines.env, "probe", probe)
-        monkeypatch.setattr(tuner.check, "check_argvs", check_argvs)
+        monkeypatch.setattr(tuner.deploy.verify, "check_argvs", check_argvs)
 
 
 SGLANG_PARAMS = {**SPEC_PARAMS, "chunk_size": 2048}
 
 
 def test_export_of_an_sglang_trial_writes_sh_json_and_py(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.export import export_study
-    from tuner.launchers import read_python
+    from tuner.deploy.export import export_study
+    from tuner.deploy.formats import read_python
 
     fake = _FakeChecks(monkeypatch)
     study = _joint_study()
@@ -405,7 +407,7 @@ def test_export_of_an_sglang_trial_writes_sh_json_and_py(tmp_path: Path, monkeyp
 
 
 def test_export_of_a_vllm_trial_writes_only_sh_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.export import export_study
+    from tuner.deploy.export import export_study
 
     fake = _FakeChecks(monkeypatch)
     study = _joint_study()
@@ -424,7 +426,7 @@ def test_export_of_a_vllm_trial_writes_only_sh_and_json(tmp_path: Path, monkeypa
 
 
 def test_export_of_a_joint_front_writes_py_only_for_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.export import export_study
+    from tuner.deploy.export import export_study
 
     fake = _FakeChecks(monkeypatch)
     study = _joint_study()
@@ -444,7 +446,7 @@ def test_export_of_a_joint_front_writes_py_only_for_sglang(tmp_path: Path, monke
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_a_rejected_command_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
-    from tuner.export import export_study
+    from tuner.deploy.export import export_study
 
     fake = _FakeChecks(monkeypatch, reject=engine)
     study = _joint_study()
@@ -460,7 +462,7 @@ def test_a_rejected_command_writes_nothing(tmp_path: Path, monkeypatch: pytest.M
 
 def test_one_rejected_engine_writes_nothing_for_the_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every argv is checked before any file is written: a rejected vLLM trial stops the SGLang one too."""
-    from tuner.export import export_study
+    from tuner.deploy.export import export_study
 
     _FakeChecks(monkeypatch, reject="vllm")
     study = _joint_study()

@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_export import SGLANG_PARAMS, SPEC_PARAMS, _add_engine_trial, _joint_study
-from tuner.deploy import read_container_args
-from tuner.export import RENDERERS, manifest
-from tuner.launch_sh import read_sh
-from tuner.launchers import read_launcher
+from tuner.deploy.export import RENDERERS, manifest
+from tuner.deploy.formats import read_container_args, read_launcher, read_sh
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 READERS = {

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
-from tuner.process import tail
+from tuner.measure.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
+from tuner.measure.process import tail
 
 CAPTURES = Path(__file__).resolve().parents[1] / "data" / "captures"
 

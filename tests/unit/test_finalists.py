@@ -7,12 +7,14 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner import finalists
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
-from tuner.feasible import feasible_pareto, feasible_trials
-from tuner.outcome import TrialContext, TrialResult
+from tuner.measure.trial import TrialContext, TrialResult
 from tuner.progress import Quiet
-from tuner.study import DEFAULT_KIND, DIRECTIONS, record
+from tuner.search import finalists
+from tuner.search.objective import record
+from tuner.search.scoring import DIRECTIONS
+from tuner.study.attrs import DEFAULT_KIND
+from tuner.study.feasible import feasible_pareto, feasible_trials
 from tuner.workloads.base import Workload
 
 SLO = {"ttft_p95_ms": 2000.0}

@@ -11,9 +11,9 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.fleet import Reservation, boots_used, reclaim, sole_process
-from tuner.study import bind_study_attrs
-from tuner.worker import fill_from_study
+from tuner.fleet.loop import Reservation, boots_used, reclaim, sole_process
+from tuner.search.worker import fill_from_study
+from tuner.study.attrs import bind_study_attrs
 
 
 def test_the_reservation_lets_one_sampler_in_at_a_time(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from tests.faults.outcomes import Tally
-from tuner.cli import main
+from tuner.cli.main import main
 
 EXAMPLES = 200  # the same draw every run unless TUNER_FUZZ_EXPLORE=1 (tests/conftest.py)
 SETTINGS = settings(max_examples=EXAMPLES, deadline=10_000, suppress_health_check=list(HealthCheck), database=None)
@@ -296,7 +296,7 @@ def test_fuzzed_slo_strings(model: Path) -> None:
             err = str(run["err"])
             assert "--slo" in err or f"--url {url}: no OpenAI-compatible" in err, err
             if "--slo" not in err:  # accepted: every bound is a positive, finite number of milliseconds
-                from tuner.goodput import parse_slo
+                from tuner.measure.goodput import parse_slo
 
                 assert all(math.isfinite(v) and v > 0 for v in (parse_slo(slo) if slo else {}).values())
 

@@ -7,10 +7,10 @@ import math
 import optuna
 import pytest
 
-from tuner.driver import DriveResult, RequestRecord
+from tuner.client.driver import DriveResult, RequestRecord
 from tuner.errors import ConfigError
-from tuner.goodput import goodput, parse_slo, steady_throughput, steady_window
-from tuner.objectives import check_objective, directions, slo_excess, values
+from tuner.measure.goodput import goodput, parse_slo, steady_throughput, steady_window
+from tuner.search.scoring import check_objective, directions, slo_excess, values
 
 
 def _record(rid: str, sent: float, ttft: float, done: float, tokens: int, error: str | None = None) -> RequestRecord:

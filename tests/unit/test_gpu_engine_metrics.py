@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tuner.engines.base import Config, Device, ModelSpec
+from tuner.engines.prometheus import metric_total, parse_prometheus
 from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
-from tuner.metrics import metric_total, parse_prometheus
-from tuner.process import ServerProcess
+from tuner.measure.process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"

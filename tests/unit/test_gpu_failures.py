@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
-from tuner.process import tail
+from tuner.measure.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
+from tuner.measure.process import tail
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"

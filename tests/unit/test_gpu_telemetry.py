@@ -1,4 +1,4 @@
-"""The tuner's pynvml readings (tuner.telemetry), replayed from pynvml samples taken on the H200
+"""The tuner's pynvml readings (tuner.measure.telemetry), replayed from pynvml samples taken on the H200
 beside the study (scripts/gpu/sidecar.py): one reading a second during trial 10 (vLLM, memory
 fraction 0.95) and during trial 2 (the out-of-memory trial, while another process held 60 GiB).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import telemetry
+from tuner.measure import telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"

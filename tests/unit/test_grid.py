@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.grid import grid_points, shuffled
-from tuner.space import load_space
+from tuner.search.grid import grid_points, shuffled
+from tuner.search.space import load_space
 
 ROOT = Path(__file__).resolve().parents[2]
 

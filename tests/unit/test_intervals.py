@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from tuner.intervals import trial_intervals, wilson
+from tuner.measure.statistics import trial_intervals, wilson
 
 
 def _rows(ttfts_s: list[float], gap_s: float = 0.5, tokens: int = 48) -> list[dict[str, object]]:

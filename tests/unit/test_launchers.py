@@ -17,15 +17,16 @@ from typing import Any
 import optuna
 import pytest
 
+from tuner.deploy.export import manifest
+from tuner.deploy.formats import argv_to_kwargs, engine_args, kwargs_to_argv, read_python, render_python
+from tuner.deploy.provenance import provenance
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.sglang import SglangAdapter
 from tuner.errors import ExportError
-from tuner.export import manifest
-from tuner.launch_sh import engine_args
-from tuner.launchers import argv_to_kwargs, kwargs_to_argv, read_python, render_python
-from tuner.provenance import provenance
-from tuner.study import DIRECTIONS, bind_study_attrs, record
-from tuner.trial import TrialResult
+from tuner.measure.trial import TrialResult
+from tuner.search.objective import record
+from tuner.search.scoring import DIRECTIONS
+from tuner.study.attrs import bind_study_attrs
 
 PYTHON = "/envs/sglang/bin/python"
 VERSION = "0.5.23"

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner.engines.base import Config, Device, ModelSpec
-from tuner.memory import estimate, read_shape, screen_key
-from tuner.memory_facts import GIB, Observation, observation, parse_facts
+from tuner.search.memory import GIB, Observation, estimate, observation, parse_facts, read_shape, screen_key
 
 CAPTURES = Path(__file__).resolve().parents[1] / "data" / "captures"
 H200 = json.loads((CAPTURES / "vllm-0.26-h200" / "pynvml_with_60GiB_held.json").read_text())

@@ -6,14 +6,9 @@ import math
 
 import pytest
 
-from tuner.driver import DriveResult, RequestRecord
-from tuner.metrics import (
-    histogram_mean_delta,
-    metric_deltas,
-    metric_total,
-    parse_prometheus,
-    summarize,
-)
+from tuner.client.driver import DriveResult, RequestRecord
+from tuner.engines.prometheus import histogram_mean_delta, metric_deltas, metric_total, parse_prometheus
+from tuner.measure.metrics import summarize
 
 
 def _record(

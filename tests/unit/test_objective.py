@@ -13,19 +13,19 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.driver import RequestRecord
+from tuner.client.driver import RequestRecord
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.env import EngineEnv
 from tuner.engines.vllm import VllmAdapter
-from tuner.fleet import Reservation
-from tuner.metrics import request_row
-from tuner.objective import SearchObjective
-from tuner.outcome import TrialContext, TrialResult, WatchFactory
+from tuner.fleet.loop import Budget, Reservation, Slot, run_slots
+from tuner.measure.metrics import request_row
+from tuner.measure.trial import TrialContext, TrialResult, WatchFactory
 from tuner.progress import Quiet
-from tuner.pruning import Pruned
-from tuner.slots import Budget, Slot, run_slots
-from tuner.space import Space
-from tuner.study import DIRECTIONS, enqueue_defaults
+from tuner.search.objective import SearchObjective
+from tuner.search.pruning import Pruned
+from tuner.search.scoring import DIRECTIONS
+from tuner.search.space import Space
+from tuner.study.attrs import enqueue_defaults
 from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Workload
 
 BUDGET = Device("cpu", "test CPU", 32 * 2**20)
@@ -144,6 +144,6 @@ def test_a_config_already_measured_is_told_again_without_a_boot(ctx: TrialContex
     assert explore.system_attrs["fixed_params"]["vllm.chunk_size"] == 2048
     assert again.values == first.values and again.user_attrs["duplicate_of"] == 0
     assert again.user_attrs["booted"] is False
-    from tuner.feasible import feasible_trials
+    from tuner.study.feasible import feasible_trials
 
     assert [t.number for t in feasible_trials(study)] == [0], "a repeat of an outcome is not a second config"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.placement import GpuReading, busy_reason, parse_gpus, slot_busy, slots
+from tuner.fleet.placement import GpuReading, busy_reason, parse_gpus, slot_busy, slots
 
 CAPTURE = Path(__file__).resolve().parents[1] / "data" / "captures" / "vllm-0.26-h200" / "pynvml_with_60GiB_held.json"
 

@@ -19,8 +19,8 @@ import pytest
 
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device
-from tuner.models import default_model_paths
-from tuner.space import load_space
+from tuner.engines.models import default_model_paths
+from tuner.search.space import load_space
 
 REPO = Path(__file__).resolve().parents[2]
 ROW_KEYS = {"engine", "engine_version", "params", "argv", "env"}

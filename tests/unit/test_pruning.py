@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tuner.driver import RequestRecord
-from tuner.pruning import (
+from tuner.client.driver import RequestRecord
+from tuner.search.pruning import (
     MIN_REQUESTS,
     MIN_SAVED_OF_BOOT,
     FrontWatch,

@@ -10,12 +10,12 @@ from tests.unit.test_gpu_telemetry import STUDY
 from tests.unit.test_objective import ScriptedEngine, _study
 from tests.unit.test_objective import ctx as ctx  # noqa: F401  (a fixture)
 from tuner.engines.base import Config
-from tuner.failures import classify_boot
-from tuner.objective import SearchObjective
-from tuner.outcome import TrialContext, TrialResult, WatchFactory
-from tuner.rejections import no_easier, rejected_like
-from tuner.space import Space
-from tuner.summary import search_effort
+from tuner.measure.failures import classify_boot
+from tuner.measure.trial import TrialContext, TrialResult, WatchFactory
+from tuner.report.trials_table import search_effort
+from tuner.search.objective import SearchObjective
+from tuner.search.rejections import no_easier, rejected_like
+from tuner.search.space import Space
 
 REJECTED = {"chunk_size": 512, "num_speculative_tokens": 2, "draft_model": "draft-2l", "memory_fraction": 0.9}
 

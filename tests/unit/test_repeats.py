@@ -8,8 +8,11 @@ import optuna
 import pytest
 
 from tests.storage.test_storage import _result
-from tuner.repeats import interval, judge, pick_finalists
-from tuner.study import DIRECTIONS, enqueue_defaults, record
+from tuner.measure.statistics import interval
+from tuner.search.finalists import judge, pick_finalists
+from tuner.search.objective import record
+from tuner.search.scoring import DIRECTIONS
+from tuner.study.attrs import enqueue_defaults
 
 
 def test_interval_is_the_student_t_interval() -> None:

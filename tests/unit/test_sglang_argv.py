@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
+from tuner.engines.prometheus import parse_prometheus
 from tuner.engines.sglang import SglangAdapter
 from tuner.errors import EnvironmentSetupError
-from tuner.metrics import parse_prometheus
 
 PYTHON = "/envs/sglang/bin/python"
 VERSION = "0.5.23"

@@ -10,8 +10,8 @@ import pytest
 
 from tuner.engines.base import Config
 from tuner.errors import ConfigError
-from tuner.space import DEFAULT_SPACE, Space, load_space, suggest
-from tuner.study import DIRECTIONS
+from tuner.search.scoring import DIRECTIONS
+from tuner.search.space import DEFAULT_SPACE, Space, load_space, suggest
 
 DRAFTS = ["draft-2l", "draft-1l"]
 

@@ -6,9 +6,8 @@ import optuna
 import pytest
 
 from tuner.errors import ConfigError
-from tuner.space import Space, distributions, suggest
-from tuner.space_fit import check_space_fits
-from tuner.summary import search_effort
+from tuner.report.trials_table import search_effort
+from tuner.search.space import Space, check_space_fits, distributions, suggest
 
 DRAFTS = ["draft-2l", "draft-1l"]
 FULL = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tuner.stress import COLLAPSE_FACTOR, judge, longest_requests, stress_requests
+from tuner.measure.stress import COLLAPSE_FACTOR, judge, longest_requests, stress_requests
 from tuner.workloads.base import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, Request, Workload
 
 

@@ -1,4 +1,4 @@
-"""tuner.transport against a real HTTP/1.1 server on loopback (asyncio streams in a thread), not a mock.
+"""tuner.client.transport against a real HTTP/1.1 server on loopback (asyncio streams in a thread), not a mock.
 
 The server counts the connections it accepted and the most it had open at once, so keep-alive
 reuse, ``Connection: close`` and the pool limit are checked where they happen: on the wire.
@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tuner.driver import drive, drive_sync
-from tuner.sse import send
-from tuner.transport import StreamTransport
+from tuner.client.driver import drive, drive_sync
+from tuner.client.sse import send
+from tuner.client.transport import StreamTransport
 from tuner.workloads.base import Request
 
 GAP_S = 0.02  # between the server's SSE chunks: streaming shows as first token well before the end

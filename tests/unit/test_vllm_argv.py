@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
+from tuner.engines.prometheus import parse_prometheus
 from tuner.engines.vllm import VllmAdapter
 from tuner.errors import EnvironmentSetupError
-from tuner.metrics import parse_prometheus
 
 PYTHON = "/envs/vllm/bin/python"
 VERSION = "0.32.0"

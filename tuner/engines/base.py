@@ -10,14 +10,14 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
   that the given engine ``version`` accepts are emitted; ``check_version`` refuses the others.
 * Speculative decoding is on in the argv exactly when ``num_speculative_tokens > 0``.
 * ``health_path`` answers 200 once the server can serve; ``failure_signatures`` map log text to a
-  failure class (see ``tuner.failures``), first match wins.
+  failure class (see ``tuner.measure.failures``), first match wins.
 * ``server_stats(before, after)`` turns two ``/metrics`` scrapes into named deltas:
   ``spec_acceptance_rate``, ``spec_mean_accept_len``, ``preemptions``, ``prefix_cache_hit_rate``,
   ``server_ttft_mean_ms`` (None where the engine did not report it).
 * ``default_params(device)`` names the engine's defaults for the enqueued baseline trial.
 * ``default_memory_fraction`` is the share of device memory the engine takes when no memory
   fraction is given (None: the engine derives it itself), and ``kv_tokens_required(model)`` the KV
-  cache in tokens below which it refuses to start; the memory screen (``tuner.memory``) uses both.
+  cache in tokens below which it refuses to start; the memory screen (``tuner.search.memory``) uses both.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
-from tuner.metrics import histogram_mean_delta, metric_total
+from tuner.engines.prometheus import histogram_mean_delta, metric_total
 
 
 class SglangAdapter(EngineAdapter):

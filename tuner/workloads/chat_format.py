@@ -2,7 +2,7 @@
 
 A server turns ``messages`` into one prompt with the model's chat template and counts its tokens;
 the tuner renders the same template here (no transformers, no Jinja) and counts with ``tokenizers``.
-The template is ``CHAT_TEMPLATE`` of ``tuner/scripts/make_models.py``: each message is
+The template is ``CHAT_TEMPLATE`` of ``tuner/engines/scripts/make_models.py``: each message is
 ``<|role|>`` and its content on their own lines, then ``<|assistant|>`` opens the reply:
 
     <|system|>\\nYou are ...\\n<|user|>\\nHello\\n<|assistant|>\\n

@@ -18,8 +18,18 @@ session's later turns never before the previous response; ``--rate`` or ``--conc
 them. ``model`` and ``stream*`` are dropped (the driver sets them); a body without ``max_tokens``
 gets 256, said in one line.
 
-A file that starts with ``[`` is ShareGPT (see ``tuner.workloads.sharegpt``). Any malformed line
+A file that starts with ``[`` is ShareGPT (see ``tuner.workloads.trace``). Any malformed line
 is a ConfigError that names the file and the line, raised before anything runs.
+
+ShareGPT-format conversations as trace entries.
+
+The file is a JSON array of conversations: ``{"id": ..., "conversations": [{"from": "human",
+"value": "..."}, {"from": "gpt", "value": "..."}, ...]}`` (``system``, ``user`` and ``assistant``
+are read too). Each human turn that has an answer becomes one chat request holding the
+conversation so far, the recorded answers included; the conversation is one session, so its turns
+go one after another. ``max_tokens`` is the recorded answer's length in the target's tokens, with
+``ignore_eos``, so outputs are as long as they were. A trailing question with no answer is left
+out, as serving benchmarks do.
 """
 
 from __future__ import annotations
@@ -72,8 +82,6 @@ def read_trace(path: Path) -> Trace:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the trace: {exc}") from exc
     if text.lstrip().startswith("["):
-        from tuner.workloads.sharegpt import read_sharegpt
-
         entries = read_sharegpt(path, text)
     else:
         entries = [_entry(path, n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
@@ -207,3 +215,46 @@ def _check_sessions(path: Path, entries: list[TraceEntry]) -> None:
             raise ConfigError(f"{path} {entry.where}: extends_session needs an earlier line of the same session_id")
         if entry.session_id is not None:
             seen.add(entry.session_id)
+
+
+# ---- from sharegpt ----
+SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def read_sharegpt(path: Path, text: str) -> list[TraceEntry]:
+    try:
+        items = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not JSON: {exc}") from exc
+    if not isinstance(items, list):
+        raise ConfigError(f"{path}: a ShareGPT file is a JSON array of conversations")
+    entries: list[TraceEntry] = []
+    for number, item in enumerate(items, start=1):
+        try:
+            entries += _conversation(item, number)
+        except ValueError as exc:
+            raise ConfigError(f"{path} entry {number}: {exc}") from exc
+    return entries
+
+
+def _conversation(item: Any, number: int) -> list[TraceEntry]:
+    turns = item.get("conversations") if isinstance(item, dict) else None
+    if not isinstance(turns, list):
+        raise ValueError('expected an object with a "conversations" list')
+    messages = [_sharegpt_message(turn) for turn in turns]
+    session = str(item.get("id") or f"conversation-{number}")
+    entries = []
+    for index, message in enumerate(messages[:-1]):
+        answer = messages[index + 1]
+        if message["role"] != "user" or answer["role"] != "assistant":
+            continue
+        body = {"messages": messages[: index + 1], "temperature": 0.0, "ignore_eos": True}
+        where = f"entry {number}"
+        entries.append(TraceEntry(where, CHAT_ENDPOINT, body, session_id=session, reply=answer["content"]))
+    return entries
+
+
+def _sharegpt_message(turn: Any) -> dict[str, str]:
+    if not isinstance(turn, dict) or turn.get("from") not in SPEAKERS or not isinstance(turn.get("value"), str):
+        raise ValueError(f'each turn needs "from" (one of {", ".join(SPEAKERS)}) and a string "value"')
+    return {"role": SPEAKERS[turn["from"]], "content": turn["value"]}

@@ -1,0 +1,289 @@
+"""Capacity search: synthetic attainment curves, request rows, and the H200 capacity-ladder capture."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.measure.capacity import (
+    CapacityResult,
+    CapacitySearch,
+    Step,
+    attainment_of,
+    judged_step,
+    ladder_rates,
+    saturated,
+    should_abort,
+    steady_rows,
+    summarize_step,
+)
+
+LADDERS = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200" / "capacity-ladders.json"
+STRICT = {"ttft_p95_ms": 200.0, "tpot_p95_ms": 6.0}
+RELAXED = {"ttft_p95_ms": 1000.0, "tpot_p95_ms": 20.0}
+
+
+def knee_curve(knee: float) -> Callable[[float], float]:
+    """A monotone attainment falling through 0.9 exactly at ``knee``."""
+    return lambda rate: 1.0 / (1.0 + (1.0 / 9.0) * math.exp(min(700.0, 8.0 * (rate / knee - 1.0))))
+
+
+def run(search: CapacitySearch, attainment: Callable[[float], float], **step: Any) -> CapacityResult:
+    while (rate := search.next_rate()) is not None:
+        search.record(judged_step(rate, attainment(rate), search.target, **step))
+    return search.result()
+
+
+def test_monotone_knee_found_within_resolution_in_few_steps() -> None:
+    for knee in (0.7, 3.0, 13.7, 50.0):
+        result = run(CapacitySearch(start_rate=1.0, growth=2.0, resolution=0.10, max_steps=30), knee_curve(knee))
+        assert result.stop_reason == "resolved"
+        assert result.capacity_req_s <= knee < result.capacity_req_s * 1.10
+        # climbing (or halving) to the first bracket, then halving log2 of the bracket ratio down to log2(1.1)
+        bound = math.ceil(abs(math.log2(knee))) + 1 + math.ceil(math.log2(math.log2(2.0) / math.log2(1.10)))
+        assert len(result.steps) <= bound
+
+
+def test_noisy_curves_terminate_conservatively() -> None:
+    for seed in range(50):
+        rng = random.Random(seed)
+        curve = knee_curve(rng.uniform(0.5, 40.0))
+
+        def noisy(rate: float, curve: Callable[[float], float] = curve, rng: random.Random = rng) -> float:
+            return min(1.0, curve(rate) + rng.gauss(0, 0.05))
+
+        result = run(CapacitySearch(max_steps=12), noisy)
+        assert len(result.steps) <= 12 and result.stop_reason != "unfinished"
+        fails = [s.rate_req_s for s in result.steps if not s.passed]
+        if result.capacity_req_s > 0:
+            assert any(s.passed and s.rate_req_s == result.capacity_req_s for s in result.steps)
+            assert all(result.capacity_req_s < f for f in fails)
+
+
+def test_non_monotone_curve_capacity_stays_below_every_fail() -> None:
+    # fails at 2 req/s, passes at 1 and everywhere from 3 to 8
+    result = run(CapacitySearch(), lambda r: 0.5 if 1.9 <= r <= 2.1 or r > 8 else 0.95)
+    assert result.stop_reason == "resolved"
+    assert 1.0 <= result.capacity_req_s < 2.0
+    # a pass recorded above a fail does not count
+    search = CapacitySearch()
+    for rate, a in ((4.0, 0.95), (2.0, 0.5), (1.0, 0.95)):
+        search.record(judged_step(rate, a, 0.9))
+    assert search.capacity() == 1.0 and search.next_rate() == math.sqrt(2.0)
+
+
+def test_first_step_fails_halves_to_a_floor() -> None:
+    result = run(CapacitySearch(start_rate=1.0), lambda r: 0.0)
+    assert [s.rate_req_s for s in result.steps] == [1.0, 0.5, 0.25, 0.125]
+    assert (result.capacity_req_s, result.stop_reason, result.pruned) == (0.0, "no_capacity", False)
+    result = run(CapacitySearch(start_rate=4.0), knee_curve(1.5))
+    assert result.capacity_req_s <= 1.5 < result.capacity_req_s * 1.1
+
+
+def test_incumbent_equal_brackets_in_two_steps() -> None:
+    result = run(CapacitySearch(incumbent=5.0, resolution=0.1), knee_curve(5.2))
+    assert [s.rate_req_s for s in result.steps] == [5.0, pytest.approx(5.5)]
+    assert (result.capacity_req_s, result.stop_reason) == (5.0, "resolved")
+
+
+def test_incumbent_much_worse_is_pruned_after_two_steps() -> None:
+    result = run(CapacitySearch(incumbent=8.0), knee_curve(2.0))
+    assert [s.rate_req_s for s in result.steps] == [8.0, 6.0]
+    assert (result.capacity_req_s, result.stop_reason, result.pruned) == (0.0, "pruned", True)
+    # a little worse: the rescue probe passes and bisection takes over
+    result = run(CapacitySearch(incumbent=8.0), knee_curve(7.0))
+    assert not result.pruned and result.capacity_req_s <= 7.0 < result.capacity_req_s * 1.1
+
+
+def test_incumbent_better_config_continues_upward() -> None:
+    result = run(CapacitySearch(incumbent=4.0, max_steps=20), knee_curve(20.0))
+    assert [s.rate_req_s for s in result.steps][:3] == [4.0, pytest.approx(4.4), pytest.approx(8.8)]
+    assert result.capacity_req_s <= 20.0 < result.capacity_req_s * 1.1
+
+
+def test_saturated_step_is_a_fail_and_nothing_above_is_tried() -> None:
+    search = CapacitySearch(max_steps=20)
+    while (rate := search.next_rate()) is not None:
+        search.record(judged_step(rate, 1.0, 0.9, is_saturated=rate >= 8.0))
+    result = search.result()
+    assert max(s.rate_req_s for s in result.steps) == 8.0
+    assert 4.0 <= result.capacity_req_s < 8.0 and result.stop_reason == "resolved"
+
+
+def test_bounds_max_steps_and_max_rate() -> None:
+    result = run(CapacitySearch(max_steps=3), lambda r: 1.0)
+    assert (len(result.steps), result.stop_reason, result.capacity_req_s) == (3, "max_steps", 4.0)
+    result = run(CapacitySearch(max_rate=10.0), lambda r: 1.0)
+    assert [s.rate_req_s for s in result.steps] == [1.0, 2.0, 4.0, 8.0, 10.0]
+    assert (result.stop_reason, result.capacity_req_s) == ("max_rate", 10.0)
+
+
+def test_result_as_dict_is_json_safe() -> None:
+    result = run(CapacitySearch(), knee_curve(3.0))
+    data = json.loads(json.dumps(result.as_dict(), allow_nan=False))
+    assert data["capacity_req_s"] == result.capacity_req_s and len(data["steps"]) == len(result.steps)
+    assert [s["rate_req_s"] for s in data["steps"]] == [s.rate_req_s for s in result.steps]
+    step = Step(1.0, 1.0, True, server={"preemptions": math.nan, "spec_acceptance": 0.7})
+    assert json.loads(json.dumps(step.as_dict(), allow_nan=False))["server"] == {
+        "preemptions": None,
+        "spec_acceptance": 0.7,
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flag"),
+    [
+        ({"target": 0.0}, "--attainment"),
+        ({"target": 1.5}, "--attainment"),
+        ({"resolution": 0.0}, "--resolution"),
+        ({"growth": 1.0}, "--growth"),
+        ({"start_rate": -1.0}, "--start-rate"),
+        ({"max_steps": 0}, "--max-steps"),
+        ({"max_rate": 0.5}, "--max-rate"),
+    ],
+)
+def test_bad_search_settings_raise_config_error(kwargs: dict[str, Any], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        CapacitySearch(**kwargs)
+
+
+def test_ladder_rates_reach_the_resolution() -> None:
+    rates = ladder_rates(1.0, 16.0, 0.10)
+    assert rates[0] == 1.0 and rates[-1] == pytest.approx(16.0)
+    assert all(b / a <= 1.10 + 1e-12 for a, b in zip(rates, rates[1:], strict=False))
+    assert len(rates) == math.ceil(math.log(16.0) / math.log(1.1)) + 1
+    with pytest.raises(ConfigError, match="--resolution"):
+        ladder_rates(1.0, 2.0, 0.0)
+
+
+# --- request rows -----------------------------------------------------------------------------------
+
+
+def row(
+    sent: float, ttft: float | None, e2e: float | None, tokens: int = 11, error: str | None = None
+) -> dict[str, Any]:
+    return {
+        "sent_s": sent,
+        "first_s": None if ttft is None else sent + ttft,
+        "done_s": None if e2e is None else sent + e2e,
+        "output_tokens": tokens,
+        "prompt_tokens": 100,
+        "error": error,
+    }
+
+
+def steady(rate: float, duration: float, latency: float = 0.5) -> list[dict[str, Any]]:
+    return [row(i / rate, 0.05, latency) for i in range(int(rate * duration))]
+
+
+def queued(rate: float, duration: float, service: float) -> list[dict[str, Any]]:
+    """FIFO single server slower than the arrivals: the queue, and so in-flight, keeps growing."""
+    rows, free = [], 0.0
+    for i in range(int(rate * duration)):
+        sent = i / rate
+        free = max(free, sent) + service
+        rows.append(row(sent, free - sent - 0.01, free - sent))
+    return rows
+
+
+def test_saturation_growing_in_flight_vs_steady() -> None:
+    assert saturated(queued(10.0, 20.0, 0.2), 2.0, 18.0)
+    assert not saturated(steady(10.0, 20.0), 2.0, 18.0)
+    assert not saturated(steady(0.5, 20.0, latency=3.0), 2.0, 18.0)
+    # mid-step: the rows seen so far, unfinished ones without done_s, already show the pile-up
+    seen = [r if r["done_s"] <= 8.0 else {**r, "first_s": None, "done_s": None} for r in queued(10.0, 8.0, 0.2)]
+    assert saturated(seen, 1.0, 8.0)
+    assert should_abort(seen, STRICT, 0.9, now_s=8.0, warmup_s=1.0)
+    assert not should_abort(steady(10.0, 8.0), {"e2e_p95_ms": 1000.0}, 0.9, now_s=8.0, warmup_s=1.0)
+
+
+def test_summarize_step_counts_failures_as_misses_and_drops_ramp_and_drain() -> None:
+    slo = {"ttft_p95_ms": 200.0, "tpot_p95_ms": 50.0}
+    rows = steady(10.0, 20.0)  # ttft 50 ms, tpot (500 - 50) / 10 = 45 ms: all good
+    for r in rows:
+        if r["sent_s"] < 2.0 or r["sent_s"] > 18.0:
+            r["first_s"] = r["sent_s"] + 5.0  # ramp-up and drain misses: excluded from attainment
+            r["done_s"] = r["sent_s"] + 6.0
+    for r in rows[50:60]:
+        r.update(error="HTTP 500", done_s=None)  # failed inside the window: misses
+    step = summarize_step(10.0, rows, slo, 0.9, 20.0, itl_ms=[40.0, 50.0])
+    counted = steady_rows(rows, 20.0)
+    assert step.n_requests == 200 and step.n_counted == len(counted) == 161 and step.n_errors == 10
+    assert step.attainment == pytest.approx(151 / 161)
+    assert step.passed and not step.saturated and not step.collapsed
+    assert step.ttft_p50_ms == pytest.approx(50.0) and step.tpot_p95_ms == pytest.approx(45.0)
+    assert step.itl_p50_ms == pytest.approx(45.0)
+    assert step.request_throughput_req_s == pytest.approx(190 / 20.0)
+    assert step.output_throughput_tok_s == pytest.approx(190 * 11 / 20.0)
+    empty = summarize_step(1.0, [], slo, 0.9, 20.0)
+    assert (empty.attainment, empty.passed, empty.ttft_p95_ms) == (0.0, False, None)
+    assert json.dumps(empty.as_dict(), allow_nan=False)
+
+
+def test_summarize_step_saturated_rows_fail_even_with_good_attainment() -> None:
+    step = summarize_step(10.0, queued(10.0, 20.0, 0.2), {"e2e_p95_ms": 1e9}, 0.9, 20.0)
+    assert step.attainment == 1.0 and step.saturated and not step.passed
+
+
+def test_bad_slo_raises_config_error() -> None:
+    from tuner.measure.capacity import check_slo
+
+    for slo in ({}, {"itl_p95_ms": 10.0}, {"ttft_p95_ms": 0.0}, {"tpot_p95_ms": math.inf}):
+        with pytest.raises(ConfigError, match="--slo"):
+            check_slo(slo)
+
+
+# --- the H200 capture -------------------------------------------------------------------------------
+
+
+def ladder_measure(ladder: dict[str, Any], slo: dict[str, float], target: float) -> Callable[[float], Step]:
+    """Answers a requested rate with the attainment measured at the nearest rate at or above it."""
+    measured = sorted(float(r) for r in ladder)
+
+    def measure(rate: float) -> Step:
+        at = next(m for m in measured if m >= rate - 1e-9)
+        entry = ladder[f"{at:g}"]
+        return judged_step(rate, attainment_of(entry["ttft_ms"], entry["tpot_ms"], slo), target)
+
+    return measure
+
+
+def search_ladder(ladder: dict[str, Any], slo: dict[str, float], **kwargs: Any) -> CapacityResult:
+    search = CapacitySearch(target=0.9, start_rate=2.0, growth=2.0, resolution=1.0, **kwargs)
+    measure = ladder_measure(ladder, slo, 0.9)
+    while (rate := search.next_rate()) is not None:
+        search.record(measure(rate))
+    return search.result()
+
+
+def test_h200_capture_strict_and_relaxed_capacity() -> None:
+    ladders = json.loads(LADDERS.read_text())["ladders"]
+    default, k3 = ladders["default"], ladders["k3"]
+    top = max(float(r) for r in default)
+
+    strict_default = search_ladder(default, STRICT, max_rate=top)
+    strict_k3 = search_ladder(k3, STRICT, max_rate=max(float(r) for r in k3))
+    assert strict_default.capacity_req_s == 2.0 and strict_default.stop_reason == "resolved"
+    assert strict_k3.capacity_req_s == 4.0 and strict_k3.stop_reason == "resolved"
+    assert strict_k3.capacity_req_s == 2 * strict_default.capacity_req_s
+
+    # k3 misses the target at no measured rate below 6, although its attainment is not monotone there
+    k3_passes = {r: attainment_of(e["ttft_ms"], e["tpot_ms"], STRICT) >= 0.9 for r, e in k3.items()}
+    assert k3_passes == {"2": True, "4": True, "6": False}
+
+    relaxed = search_ladder(default, RELAXED, max_rate=top)
+    assert (relaxed.capacity_req_s, relaxed.stop_reason) == (16.0, "max_rate")
+    assert all(attainment_of(e["ttft_ms"], e["tpot_ms"], RELAXED) >= 0.9 for e in default.values())
+
+    # k3 with the defaults as incumbent climbs past them; the defaults against a k3 incumbent are pruned
+    versus = search_ladder(k3, STRICT, incumbent=2.0, max_rate=6.0)
+    assert versus.capacity_req_s == 4.0 and not versus.pruned
+    pruned = search_ladder(default, STRICT, incumbent=4.0, max_rate=top)
+    assert pruned.pruned and pruned.capacity_req_s == 0.0 and len(pruned.steps) == 2

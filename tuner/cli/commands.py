@@ -1,0 +1,183 @@
+"""One function per CLI command; each takes the parsed arguments and returns the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from tuner.cli.flags import engine_envs  # cli imported it already: nothing to import late
+from tuner.deploy.export import export_study
+from tuner.deploy.verify import check_files
+from tuner.errors import ConfigError
+from tuner.fleet.placement import parse_gpus
+from tuner.measure.goodput import parse_slo
+from tuner.progress import Progress
+from tuner.report.dashboard import serve
+from tuner.report.html import write_report
+from tuner.report.trials_table import trials_table
+from tuner.search.drive_server import drive_url
+from tuner.search.plan import plan as make_plan
+from tuner.search.preview import preview
+from tuner.search.run import SearchOptions, run_search
+from tuner.search.worker import fill_from_study
+from tuner.study.storage import load_existing, open_storage, redacted, storage_url
+from tuner.workloads import source
+from tuner.workloads.arrivals import check_flags
+
+if TYPE_CHECKING:
+    from tuner.search.run import SearchOptions
+
+
+def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> SearchOptions:
+    """The workload, model and load flags that search, workload and drive share, validated."""
+
+    slo = getattr(args, "slo", None)
+    opts = SearchOptions(
+        workload=workload,
+        space=args.space,
+        model=args.model,
+        seed=args.seed,
+        engine_envs=engine_envs(args.engine_env),
+        requests=args.requests,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        burstiness=args.burstiness,
+        slo=parse_slo(slo) if slo else None,
+        **only_search,
+    )
+    _check_load_flags(opts)
+    return opts
+
+
+def _search_options(args: argparse.Namespace, **extra: Any) -> SearchOptions:
+    return _options(
+        args, args.workload, study=args.study, storage=args.storage, trials=args.trials,
+        finalists=args.finalists, repeats=args.repeats, timeout_s=args.timeout, drafts=args.drafts,
+        engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
+        prune=args.prune, stress=args.stress, gpus=parse_gpus(args.gpus) if args.gpus else None,
+        gpus_per_trial=args.gpus_per_trial, **extra,
+    )  # fmt: skip
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Join a study's fleet: what the flags leave out comes from the study (``tuner.search.worker``)."""
+
+    fill_from_study(args)
+    run_search(_search_options(args, worker=True, space_dump=args.space_dump), Progress())
+    return 0
+
+
+def search(args: argparse.Namespace) -> int:
+
+    opts = _search_options(args)
+    run_search(opts, Progress())
+    return 0
+
+
+def _check_load_flags(opts: SearchOptions) -> None:
+
+    if opts.requests is not None and opts.requests < 1:
+        raise ConfigError(f"--requests must be at least 1, got {opts.requests}")
+    check_flags(opts.concurrency, opts.rate, opts.burstiness)
+
+
+def workload(args: argparse.Namespace) -> int:
+
+    opts = _options(args, args.name)
+    print("\n".join(preview(opts, args.out)))
+    return 0
+
+
+def drive(args: argparse.Namespace) -> int:
+
+    opts = _options(args, args.workload)
+    report = drive_url(opts, args.url)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        m = report["metrics"]
+        print(f"{report['url']} ({report['model']}), workload {report['workload']}: {int(m['n_requests'])} requests")
+        for key in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "error_rate"):
+            print(f"  {key:<24} {m[key]:.3f}")
+    return 0
+
+
+def plan(args: argparse.Namespace) -> int:
+
+    source(args.workload)  # a preset name or a readable trace file
+    rows = make_plan(args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env))
+    for row in rows:
+        print(json.dumps(row))
+    return 0
+
+
+def trials(args: argparse.Namespace) -> int:
+
+    study = load_existing(args.study, storage_url(args.study, args.storage))
+    print(trials_table(study))
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+
+    study = load_existing(args.study, storage_url(args.study, args.storage))
+    for path in export_study(study, args.trials, args.out, engine_envs(args.engine_env), args.formats):
+        print(path)
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    """Every file's command through its engine's parser: one parser run per engine environment."""
+
+    rejected = 0
+    for path, engine, version, verdict in check_files(args.files, args.engine_env):
+        if not verdict["ok"]:
+            rejected += 1
+            print(f"{path}: rejected by {engine} {version}: {verdict['error']}", file=sys.stderr)
+        else:
+            speculative = "on" if verdict["speculative"] else "off"
+            print(f"{path}: accepted by {engine} {version} (speculative decoding: {speculative})")
+    return 1 if rejected else 0
+
+
+def report(args: argparse.Namespace) -> int:
+
+    study = load_existing(args.study, storage_url(args.study, args.storage))
+    print(write_report(study, args.out))
+    return 0
+
+
+def dashboard(args: argparse.Namespace) -> int:
+
+    if not (args.storage or os.environ.get("TUNER_STORAGE") or args.study):
+        raise ConfigError("dashboard needs --storage URL, $TUNER_STORAGE, or --study NAME for its SQLite file")
+    url = storage_url(args.study or "", args.storage)
+    storage = open_storage(url)  # opened here, so a bad URL is one line, not the dashboard's traceback
+
+    print(f"study storage: {redacted(url)}", file=sys.stderr, flush=True)
+    try:
+        serve(storage, args.host, args.port)
+    except OSError as exc:
+        raise ConfigError(f"dashboard: cannot listen on {args.host}:{args.port}: {exc.strerror}") from exc
+    return 0
+
+
+COMMANDS = {
+    "search": search,
+    "worker": worker,
+    "plan": plan,
+    "drive": drive,
+    "report": report,
+    "trials": trials,
+    "export": export,
+    "check": check,
+    "dashboard": dashboard,
+    "workload": workload,
+}
+
+
+def run_command(args: argparse.Namespace) -> int:
+    return COMMANDS[args.command](args)

@@ -1,0 +1,200 @@
+"""The command line's parser: every command's flags, and the value types that check them.
+
+A bad value is a ``ConfigError`` (exit 2, one line) rather than argparse's own exit, so
+``tuner.cli.main`` reports it like every other usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NoReturn
+
+from tuner.errors import ConfigError
+from tuner.search.samplers import SAMPLERS
+
+__all__ = ["build_parser", "engine_envs"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def engine_envs(values: list[str]) -> dict[str, str]:
+    envs = {}
+    for value in values:
+        engine, sep, path = value.partition("=")
+        if not sep or not engine or not path:
+            raise ConfigError(f"--engine-env {value!r}: expected ENGINE=PATH")
+        envs[engine] = path
+    return envs
+
+
+def _seed(value: str) -> int:
+    """A seed numpy's generators take: 0 to 2**32 - 1."""
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if not 0 <= seed < 2**32:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {2**32 - 1}, got {seed}")
+    return seed
+
+
+def _engine_list(value: str) -> list[str]:
+    engines = [e.strip() for e in value.split(",") if e.strip()]
+    if not engines:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of engines")
+    return engines
+
+
+def _load_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, help="closed loop at C in flight (with --rate: its cap)")
+    parser.add_argument("--rate", type=float, help="open loop: requests (or sessions) per second")
+    parser.add_argument("--burstiness", type=float, help="open-loop gamma shape: 1 Poisson, <1 burstier")
+
+
+def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
+    """``search``'s flags; a ``worker`` takes what it is not given from the study it joins."""
+    from_study = "(default: the study's)" if worker else ""
+    s.add_argument("--workload", required=not worker, help=from_study or "a preset or a trace file")
+    s.add_argument("--space", type=Path, help=from_study or None)
+    s.add_argument("--study", required=worker)
+    s.add_argument(
+        "--storage", required=worker, help="Optuna storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)"
+    )
+    s.add_argument(
+        "--trials", type=int, default=None,
+        help="the study's budget of booted trials, the default trial included (default 6; CPU default 4)",
+    )  # fmt: skip
+    s.add_argument("--finalists", type=int, help="best configs repeated after the search (default 3; CPU default 1)")
+    s.add_argument("--repeats", type=int, help="fresh boots per finalist (default 5; CPU default 2; 0: none)")
+    s.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    s.add_argument("--model")
+    s.add_argument("--draft-model", action="append", default=[], dest="drafts")
+    s.add_argument("--seed", type=_seed, default=None if worker else 0)
+    s.add_argument(
+        "--requests", type=int, help="measured requests per trial (default: 10 x a closed loop's concurrency, else 16)"
+    )
+    _load_flags(s)
+    s.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    s.add_argument("--engines", type=_engine_list, help="comma-separated engines (default: the space's)")
+    s.add_argument(
+        "--objective",
+        default=None if worker else "pareto",
+        help="pareto (TTFT p95 vs throughput), goodput or throughput",
+    )
+    s.add_argument("--slo", help="e.g. ttft_p95_ms=500,tpot_p95_ms=50 (default: the workload preset's)")
+    _strategy_flags(s)
+
+
+def _strategy_flags(s: argparse.ArgumentParser) -> None:
+    """How a search proposes, screens, prunes, checks and places its trials."""
+    s.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="how configs are proposed (default tpe)")
+    s.add_argument(
+        "--no-screen", dest="screen", action="store_false", help="boot every config, even one the memory screen rejects"
+    )
+    s.add_argument("--no-prune", dest="prune", action="store_false", help="let every trial's workload run to its end")
+    s.add_argument(
+        "--no-stress", dest="stress", action="store_false", help="skip the finalists' stress check at peak load"
+    )
+    s.add_argument("--gpus", help="GPU indices this host may use, e.g. 0,1,2,3 (default: all, one trial at a time)")
+    s.add_argument("--gpus-per-trial", type=int, default=1, help="GPUs of each parallel trial (bounds tensor_parallel)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tuner", description="Auto-tune LLM serving settings on real engines.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _search_flags(sub.add_parser("search", help="run (or resume) a tuning study"), worker=False)
+    _search_flags(
+        sub.add_parser("worker", help="join a study's fleet: take its trials until its budget is spent"), worker=True
+    )
+    workload_help = "write the exact requests a trial would send, with their statistics"
+    _workload_flags(sub.add_parser("workload", help=workload_help))
+    _plan_flags(sub.add_parser("plan", help="print the commands N sampled trials would start; boots nothing"))
+    _drive_flags(sub.add_parser("drive", help="measure a running OpenAI-compatible server with the trials' driver"))
+    _study_commands(sub)
+    return parser
+
+
+def _workload_flags(w: argparse.ArgumentParser) -> None:
+    w.add_argument("name", help="a preset (rag, agent, chat, json) or a trace file")
+    w.add_argument("--seed", type=_seed, default=0)
+    w.add_argument(
+        "--requests", type=int, help="measured requests (default: 10 x a closed loop's concurrency, else 16)"
+    )
+    w.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+    w.add_argument("--model", help="default: the generated models")
+    w.add_argument("--space", type=Path, help="the search space whose max_model_len applies")
+    w.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    _load_flags(w)
+
+
+def _plan_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", required=True)
+    p.add_argument("--space", type=Path)
+    p.add_argument("--engines", type=_engine_list)
+    p.add_argument("--n", type=int, default=10)
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--model")
+    p.add_argument("--draft-model", action="append", default=[], dest="drafts")
+    p.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+
+
+def _drive_flags(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--workload", required=True)
+    r.add_argument("--requests", type=int)
+    _load_flags(r)
+    r.add_argument("--seed", type=_seed, default=0)
+    r.add_argument("--slo", help="e.g. ttft_p95_ms=500 (default: the workload preset's)")
+    r.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the generated one)")
+    r.add_argument("--space", type=Path)
+    r.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    r.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+
+
+def _study_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """The commands that read a study (or its exports): trials, export, report, dashboard, check."""
+    t = sub.add_parser("trials", help="print the trials of a study")
+    t.add_argument("--study", required=True)
+    t.add_argument("--storage")
+
+    _export_flags(sub.add_parser("export", help="write launch files for the best (or given) trials"))
+    h = sub.add_parser("report", help="write reports/<study>/index.html and summary.md")
+    h.add_argument("--study", required=True)
+    h.add_argument("--storage")
+    h.add_argument("--out", type=Path, default=Path("reports"), help="the folder that gets <study>/ (default reports)")
+
+    d = sub.add_parser("dashboard", help="review a study in optuna-dashboard (bound to 127.0.0.1 by default)")
+    d.add_argument("--study", help="with the default storage: the study whose SQLite file to open")
+    d.add_argument("--storage")
+    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--host", default="127.0.0.1", help="listen address; anything but loopback exposes the study")
+
+    c = sub.add_parser("check", help="validate exported launch files with their engine's own parser")
+    c.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    c.add_argument("--engine-env")
+
+
+def _export_flags(e: argparse.ArgumentParser) -> None:
+    e.add_argument("--study", required=True)
+    e.add_argument("--storage")
+    e.add_argument("--trial", type=int, action="append", dest="trials")
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument(
+        "--format",
+        action="append",
+        dest="formats",
+        choices=["sh", "compose", "k8s", "python", "json"],
+        help="repeatable (default: sh and json, plus python for SGLang)",
+    )
+    e.add_argument(
+        "--engine-env",
+        action="append",
+        default=[],
+        metavar="ENGINE=PATH",
+        help="check with this engine environment instead of the trial's",
+    )

@@ -1,0 +1,79 @@
+"""Classify why a trial failed, from exit status, signals, health and log text.
+
+Classes (stored on the trial as the ``failure`` user attribute; ``None`` means it served):
+
+=================== =====================================================================
+``invalid_config``  the engine's argument parser rejected the command (exit 2, ``usage:``)
+``kv_insufficient`` the weights fit but the KV cache is too small for the max model length
+``oom_boot``        out of memory while loading or reserving memory at boot
+``boot_timeout``    not ready before the deadline
+``engine_died``     exited during boot with no known signature, or died later while idle
+``crash_on_request`` died while serving, with no out-of-memory signature
+``oom_load``        died while serving, with an out-of-memory signature
+``request_errors``  stayed up but more than the allowed share of requests failed
+``port_in_use``     its port was taken before it bound it, on the first boot and on the one
+                    retry on a fresh port (``tuner.measure.process``): the machine's fault, not the config's
+=================== =====================================================================
+
+Signatures are the engines' own messages (../shared/reference/engines.md and the real logs in
+tests/data/captures); the first match wins, so the more specific come first.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+OOM_CLASSES = frozenset({"oom_boot", "kv_insufficient", "oom_load"})
+
+# (regex, class) pairs, most specific first. Matched against the log text of one phase.
+SIGNATURES: tuple[tuple[str, str], ...] = (
+    (r"unrecognized arguments|invalid choice|ambiguous option|^usage: ", "invalid_config"),
+    # vLLM 0.26's config validation on an H200: chunk 512 leaves no room for K=4 draft tokens
+    (r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings", "invalid_config"),
+    (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
+    (r"No available memory for the cache blocks", "kv_insufficient"),
+    (r"Loaded weights leave no GPU memory for the KV cache", "kv_insufficient"),  # SGLang 0.5.17
+    (r"Not enough memory\. Please try to increase --mem-fraction-static", "kv_insufficient"),  # 0.5.23
+    (r"on kv cache allocation is less than requested memory", "oom_boot"),
+    (r"Free memory on device .* is less than desired", "oom_boot"),
+    (r"on startup is less than desired CPU memory utilization", "oom_boot"),  # vLLM CPU build
+    (r"Failed to load model - not enough GPU memory", "oom_boot"),
+    (r"Capture cuda graph failed", "oom_boot"),
+    (r"CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError", "oom_boot"),
+    # vLLM binds early ("[Errno 98] Address already in use"), SGLang's uvicorn late ("... address already in use")
+    (r"(?i)address already in use", "port_in_use"),
+)
+_COMPILED = tuple((re.compile(p, re.MULTILINE), c) for p, c in SIGNATURES)
+
+
+def match_signature(log_text: str) -> str | None:
+    """The failure class whose signature appears in ``log_text``, or None."""
+    for pattern, failure in _COMPILED:
+        if pattern.search(log_text):
+            return failure
+    return None
+
+
+def classify_boot(log_text: str, returncode: int | None, timed_out: bool) -> str:
+    """Why a server never became ready. ``returncode`` is None while it still runs."""
+    if timed_out and returncode is None:
+        return "boot_timeout"
+    found = match_signature(log_text)
+    if found is not None:
+        return found
+    if returncode == 2:
+        return "invalid_config"
+    if returncode == -signal.SIGKILL or returncode == 137:
+        return "oom_boot"  # the kernel's OOM killer, or SGLang killing its own tree after an OOM
+    return "boot_timeout" if timed_out else "engine_died"
+
+
+def classify_serve(log_since_ready: str, alive: bool, error_rate: float, max_error_rate: float) -> str | None:
+    """Why a server that booted failed its workload, or None when it served within bounds."""
+    if not alive:
+        found = match_signature(log_since_ready)
+        return "oom_load" if found in OOM_CLASSES else "crash_on_request"
+    if error_rate > max_error_rate:
+        return "oom_load" if match_signature(log_since_ready) in OOM_CLASSES else "request_errors"
+    return None

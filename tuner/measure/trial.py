@@ -1,0 +1,269 @@
+"""One trial: boot the engine, warm up, drive the workload, score, stop; and the trial's types.
+
+``TrialContext`` is what a trial runs with, ``TrialResult`` what it gives back. Every path out of
+``run_trial`` stops the server's whole process group (``ServerProcess``), and a failure becomes a
+``TrialResult`` with a failure class rather than an exception: the study goes on. The serving phases
+run on a server that is up: warmup, cache reset, the measured workload, the stress run; and what the
+server says about itself (``/metrics``, ``/v1/models``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tuner.client.driver import DriveResult, RequestRecord, drive_sync
+from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
+from tuner.engines.env import EngineEnv
+from tuner.engines.prometheus import parse_prometheus
+from tuner.errors import EngineLaunchError
+from tuner.measure.failures import classify_serve
+from tuner.measure.goodput import goodput, steady_throughput
+from tuner.measure.metrics import request_log, summarize
+from tuner.measure.process import ServerProcess, free_port, tail
+from tuner.measure.stress import VERSION, peak_concurrency, stress_requests
+from tuner.measure.telemetry import MemorySampler
+from tuner.progress import Progress
+from tuner.workloads.base import Workload
+
+__all__ = ["MAX_ERROR_RATE", "TrialContext", "TrialResult", "run_trial"]
+
+
+def run_trial(
+    number: int,
+    config: Config,
+    ctx: TrialContext,
+    repeat: int | None = None,
+    stress: bool = False,
+    watch: WatchFactory | None = None,
+) -> TrialResult:
+    """Run one config once; ``repeat`` numbers a finalist's fresh-boot repeat (its own log file);
+    ``stress`` adds the stress run (``tuner.measure.stress``) on the same server once the workload served;
+    ``watch`` lets a pruner stop the workload early (the result then carries ``pruned``)."""
+    adapter, env = ctx.engines[config.engine]
+    spec = adapter.launch(config, ctx.model, ctx.device, free_port(), env.python, env.version)
+    if ctx.gpus is not None:  # this slot's GPUs only: parallel trials never share one
+        spec = replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
+    suffix = "" if repeat is None else f"-repeat{repeat}"
+    log_path = ctx.log_dir / f"trial-{number:04d}-{config.engine}{suffix}.log"
+    result = TrialResult(config=config, launch=spec, engine_version=env.version, log_path=str(log_path))
+    ctx.progress.phase(number, "boot", _describe(config))
+    with ServerProcess(spec, log_path) as server, MemorySampler(ctx.device.kind, server.pid, ctx.gpus) as memory:
+        try:
+            result.boot_s = server.wait_ready(ctx.boot_deadline_s)
+        except EngineLaunchError as exc:
+            result.failure, result.log_tail = exc.failure, exc.log_tail
+            ctx.progress.phase(number, "failed", f"{exc.failure} at boot")
+        else:
+            result.launch = server.spec  # the argv that booted (a boot retried on a fresh port has another)
+            result.phases_s["boot"] = round(result.boot_s, 2)
+            serve_workload(number, server, adapter, ctx, result, watch)
+            if stress and result.failure is None and result.pruned is None:
+                stress_run(number, server, adapter, ctx, result)
+            result.log_tail = tail(log_path)
+    result.peak_memory_bytes = memory.peak_bytes
+    result.engine_gpu_peak_bytes = memory.engine_peak_bytes
+    return result
+
+
+def _describe(config: Config) -> str:
+    if config.is_default:
+        return f"{config.engine} engine defaults"
+    return config.engine + " " + " ".join(f"{k}={v}" for k, v in config.params.items())
+
+
+# ---- from outcome ----
+MAX_ERROR_RATE = 0.005
+TTFT_AGREEMENT = 0.10  # client and server mean TTFT further apart than this: the trial is flagged
+# Called with the number of measured requests and the boot time just before they are sent; returns
+# the driver's on_record callback, which may raise ``Pruned`` to stop the workload (``tuner.search.pruning``).
+WatchFactory = Callable[[int, float], Callable[[RequestRecord], None]]
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    engines: dict[str, tuple[EngineAdapter, EngineEnv]]
+    model: ModelSpec
+    device: Device
+    workload: Workload
+    log_dir: Path
+    progress: Progress
+    boot_deadline_s: float = 300.0
+    slo: dict[str, float] = field(default_factory=dict)
+    gpus: tuple[int, ...] | None = None  # this trial's GPUs (CUDA_VISIBLE_DEVICES); None: all, or the CPU
+
+
+@dataclass
+class TrialResult:
+    config: Config
+    launch: LaunchSpec
+    engine_version: str
+    failure: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    server: dict[str, float | None] = field(default_factory=dict)
+    served_by: dict[str, Any] = field(default_factory=dict)
+    peak_memory_bytes: int = 0  # device-wide on a GPU (another tenant's memory too)
+    engine_gpu_peak_bytes: int | None = None  # the engine's own processes (GPU; None: unknown)
+    boot_s: float | None = None
+    log_path: str = ""
+    log_tail: str = ""
+    warnings: list[str] = field(default_factory=list)
+    ttft_samples_ms: list[float] = field(default_factory=list)  # every successful request's, for CDFs
+    request_log: list[dict[str, Any]] = field(default_factory=list)  # see request_log()
+    phases_s: dict[str, float] = field(default_factory=dict)  # wall time of boot, warmup, drive, stress
+    stress: dict[str, Any] | None = None  # the stress run's raw outcome (tuner.measure.stress), when asked for
+    pruned: dict[str, Any] | None = None  # where the pruner stopped the workload (tuner.search.pruning)
+    memory_facts: dict[str, float] = field(default_factory=dict)  # the engine's own memory lines
+    memory_estimate: dict[str, Any] | None = None  # what the screen predicted (tuner.search.memory)
+
+    @property
+    def ttft_p95_ms(self) -> float:
+        return self.metrics.get("ttft_p95_ms", math.inf) if self.failure is None else math.inf
+
+    @property
+    def output_throughput_tok_s(self) -> float:
+        return self.metrics.get("output_throughput_tok_s", 0.0) if self.failure is None else 0.0
+
+
+class Pruned(Exception):
+    """Raised from the driver's ``on_record`` to stop the workload; carries what was seen."""
+
+    def __init__(self, at_requests: int, of: int, values: dict[str, float], saved_s: float, beaten_by: int) -> None:
+        super().__init__(f"pruned after {at_requests}/{of} requests: trial {beaten_by} was better")
+        self.info = {"at_requests": at_requests, "of": of, "values": values, "saved_s": saved_s, "beaten_by": beaten_by}
+
+
+# ---- from serving ----
+def scrape_metrics(client: httpx.Client, base_url: str) -> dict[str, float]:
+    try:
+        response = client.get(base_url + "/metrics")
+        return parse_prometheus(response.text) if response.status_code == 200 else {}
+    except httpx.HTTPError:
+        return {}
+
+
+def identify_server(client: httpx.Client, base_url: str) -> dict[str, Any]:
+    """What really serves: the model list and version the server reports, not the sampled engine."""
+    found: dict[str, Any] = {}
+    try:
+        models = client.get(base_url + "/v1/models").json().get("data", [])
+        found["models"] = [m.get("id") for m in models]
+        found["owned_by"] = sorted({str(m.get("owned_by")) for m in models})
+        found["version"] = client.get(base_url + "/version").json().get("version")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    return found
+
+
+def serve_workload(
+    number: int, server: ServerProcess, adapter: EngineAdapter, ctx: TrialContext, result: TrialResult,
+    watch: WatchFactory | None,
+) -> None:  # fmt: skip
+    workload, spec = ctx.workload, server.spec
+    ready_at = server.log_size()
+    with httpx.Client(timeout=10.0) as client:
+        result.served_by = identify_server(client, server.base_url)
+        ctx.progress.phase(number, "warmup", f"{len(workload.warmup)} requests, boot {result.boot_s:.0f} s")
+        started = time.monotonic()
+        drive_sync(None, server.base_url, spec.served_model, workload.warmup, concurrency=workload.concurrency)
+        result.phases_s["warmup"] = round(time.monotonic() - started, 2)
+        if not reset_prefix_cache(client, server, adapter):
+            result.warnings.append("prefix cache not reset after warmup: the workload may start warm")
+        before = scrape_metrics(client, server.base_url)
+        ctx.progress.phase(number, "drive", f"{len(workload.requests)} requests at concurrency {workload.concurrency}")
+        on_record = watch(len(workload.requests), result.boot_s or 0.0) if watch is not None else None
+        started = time.monotonic()
+        try:
+            drove = drive_sync(
+                None, server.base_url, spec.served_model, workload.requests,
+                concurrency=workload.concurrency, on_record=on_record,
+            )  # fmt: skip
+        except Pruned as stop:
+            result.pruned, result.phases_s["drive"] = stop.info, round(time.monotonic() - started, 2)
+            ctx.progress.phase(number, "pruned", str(stop))
+            return
+        result.phases_s["drive"] = round(drove.ended_s - drove.started_s, 2)
+        after = scrape_metrics(client, server.base_url)
+        alive = server.alive() and healthy(client, server)
+    _score(result, drove, adapter.server_stats(before, after) if after else {}, ctx)
+    since_ready = tail(server.log_path, max_lines=400, start=ready_at)
+    result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE)
+    m = result.metrics
+    score = f"ttft_p95={m['ttft_p95_ms']:.0f} ms  throughput={m['output_throughput_tok_s']:.1f} tok/s"
+    if result.failure is not None:
+        score = f"failed: {result.failure}"
+    ctx.progress.phase(number, "score", score)
+
+
+def _score(result: TrialResult, drove: DriveResult, server_stats: dict[str, Any], ctx: TrialContext) -> None:
+    """The drive's metrics, goodput at the SLO, samples and request log, beside the server's own."""
+    result.metrics = summarize(drove) | goodput(drove, ctx.slo)
+    result.metrics["steady_output_throughput_tok_s"] = steady_throughput(drove)
+    result.ttft_samples_ms = sorted(
+        round((r.first_token_s - r.sent_s) * 1e3, 2) for r in drove.records if r.error is None and r.first_token_s
+    )
+    result.request_log = request_log(drove)
+    result.server = server_stats
+    result.warnings += clock_warnings(result)
+
+
+def stress_run(
+    number: int, server: ServerProcess, adapter: EngineAdapter, ctx: TrialContext, result: TrialResult
+) -> None:
+    """The workload's longest request at its peak concurrency, cold cache (``tuner.measure.stress``); the
+    raw outcome goes to ``result.stress`` and is judged by the caller, who knows the default's."""
+    requests, peak = stress_requests(ctx.workload), peak_concurrency(ctx.workload)
+    mark = server.log_size()
+    with httpx.Client(timeout=10.0) as client:
+        reset = reset_prefix_cache(client, server, adapter)
+        what = f"{len(requests)} x {requests[0].prompt_tokens} prompt tokens at concurrency {peak}, cold cache"
+        ctx.progress.phase(number, "stress", what)
+        drove = drive_sync(None, server.base_url, server.spec.served_model, requests, concurrency=peak)
+        alive = server.alive() and healthy(client, server)
+    result.phases_s["stress"] = round(drove.ended_s - drove.started_s, 2)
+    result.stress = {
+        "metrics": summarize(drove),
+        "alive": alive,
+        "killed": server.returncode() in (-9, 137),
+        "cache_reset": reset,
+        "version": VERSION,
+        "concurrency": peak,
+        "prompt_tokens": requests[0].prompt_tokens,
+        "log": tail(server.log_path, max_lines=200, start=mark),
+        "request_log": request_log(drove),
+    }
+
+
+def reset_prefix_cache(client: httpx.Client, server: ServerProcess, adapter: EngineAdapter) -> bool:
+    """Empty the prefix cache the warmup filled, so every trial starts equally cold."""
+    if adapter.reset_cache_path is None:
+        return False
+    try:
+        return client.post(server.base_url + adapter.reset_cache_path).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def clock_warnings(result: TrialResult) -> list[str]:
+    """Compare the client's mean TTFT with the server's own histogram mean over the same requests."""
+    server_ms, client_ms = result.server.get("server_ttft_mean_ms"), result.metrics.get("ttft_mean_ms")
+    if server_ms is None or client_ms is None or not math.isfinite(client_ms) or server_ms <= 0:
+        return []
+    gap = abs(client_ms - server_ms) / server_ms
+    result.metrics["ttft_client_vs_server_pct"] = 100.0 * (client_ms - server_ms) / server_ms
+    if gap <= TTFT_AGREEMENT:
+        return []
+    return [f"client mean TTFT {client_ms:.0f} ms differs from the server's {server_ms:.0f} ms by {gap:.0%}"]
+
+
+def healthy(client: httpx.Client, server: ServerProcess) -> bool:
+    try:
+        return client.get(server.base_url + server.spec.health_path).status_code == 200
+    except httpx.HTTPError:
+        return False

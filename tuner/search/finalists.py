@@ -1,0 +1,211 @@
+"""After the search: the finalists' fresh-boot repeats, their stress check, then the verdict.
+
+Each finalist (``tuner.search.finalists.pick_finalists``: the best feasible tuned configs, then the engine
+default) runs ``repeats`` more times on fresh boots; the last repeat also runs the stress check
+(``tuner.measure.stress``) on the same server, so checking costs no extra boot (with no repeats, one boot
+does the stress check alone). A finalist that fails its check is recorded in the study's ``stress``
+attribute and as a trial of its own (``config_kind`` ``stress_check``, infeasible, carrying the
+class), so the sampler of a resumed study learns that region breaks under load; it is then left out
+of the front, the verdict and every export. When every tuned finalist fails, the next feasible
+configs are checked, one boot each, until one passes or ``repeats.pick_finalists`` has no more.
+
+Finalist repeats: the best configs run again on fresh boots before a winner is declared.
+
+After the search, the top ``finalists`` feasible configs (Pareto-optimal first, ranked by the
+deciding metric: goodput under the SLOs where there are SLOs, output throughput otherwise), plus the
+engine default as the reference, each run ``repeats`` more times, every time on a fresh boot. For
+every objective the tuner reports the mean, the 95 % Student-t interval and the coefficient of
+variation. The best config is declared the winner only when its interval on the deciding metric
+lies wholly above the runner-up's; otherwise the verdict is a tie that names both. Results live in
+the study's ``finalists`` and ``verdict`` user attributes (shown by optuna-dashboard, ``tuner
+trials`` and every export). Running them is ``tuner.search.finalists``; this module holds the statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+
+from tuner.engines.base import Config
+from tuner.measure.statistics import interval
+from tuner.measure.stress import judge as judge_stress
+from tuner.measure.trial import TrialContext, TrialResult, run_trial
+from tuner.search import scoring as objectives
+from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND
+from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
+
+STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
+
+
+def run_finalists(
+    study: optuna.Study, k: int, n: int, ctx: TrialContext, enforce_eager: bool, stress: bool = True
+) -> dict[str, Any]:
+    """Repeat and stress-check the finalists, store ``finalists``, ``stress`` and ``verdict`` on the
+    study, and return the verdict."""
+    ranked = pick_finalists(study, len(study.trials))
+    chosen = [t for t in ranked if t.user_attrs.get("config_kind") != DEFAULT_KIND][:k]
+    chosen += [t for t in ranked if t.user_attrs.get("config_kind") == DEFAULT_KIND]
+    chosen.sort(key=lambda t: t.user_attrs.get("config_kind") != DEFAULT_KIND)  # the default first: the reference
+    finalists, checked = [], {}
+    for trial in chosen:
+        runs = _runs(trial, n, ctx, enforce_eager, stress)
+        if n > 0:
+            finalists.append(_summary(trial, runs))
+        if stress:
+            checked[trial.number] = (trial, runs[-1])
+    if stress:
+        _record_checks(study, checked, ctx)
+        spare = [t for t in ranked if t not in chosen and t.user_attrs.get("config_kind") != DEFAULT_KIND]
+        while spare and not _a_tuned_config_passed(study, chosen):
+            trial = spare.pop(0)
+            chosen.append(trial)
+            _record_checks(study, {trial.number: (trial, _runs(trial, 0, ctx, enforce_eager, True)[-1])}, ctx)
+    if n > 0:
+        study.set_user_attr("finalists", finalists)
+    failed = stress_failures(study)
+    verdict = judge([f for f in finalists if f["trial"] not in failed], decider(study))
+    verdict["stress_failed"] = sorted(failed)
+    study.set_user_attr("verdict", verdict)
+    return verdict
+
+
+def _runs(trial: optuna.trial.FrozenTrial, n: int, ctx: TrialContext, eager: bool, stress: bool) -> list[TrialResult]:
+    config = config_of(trial, eager)
+    runs = [run_trial(trial.number, config, ctx, repeat=i + 1, stress=stress and i == n - 1) for i in range(n)]
+    if stress and n == 0:
+        runs.append(run_trial(trial.number, config, ctx, repeat=STRESS_ONLY, stress=True))
+    return runs
+
+
+def _summary(trial: optuna.trial.FrozenTrial, runs: list[TrialResult]) -> dict[str, Any]:
+    served = [r for r in runs if r.failure is None]
+    stats = {m: interval([r.metrics[m] for r in served]) for m in REPORTED if served and m in served[0].metrics}
+    return {
+        "trial": trial.number,
+        "config_kind": trial.user_attrs.get("config_kind"),
+        "failures": [r.failure for r in runs if r.failure is not None],
+        "stats": stats,
+        "ttft_samples_ms": sorted(x for r in served for x in r.ttft_samples_ms),
+    }
+
+
+def _judge_one(
+    trial: optuna.trial.FrozenTrial, run: TrialResult, slo: dict[str, float], default_ttft_ms: float | None
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {"trial": trial.number, "config_kind": trial.user_attrs.get("config_kind")}
+    if run.stress is None:
+        return {**entry, "ran": False, "failure": None, "why": f"the boot before it failed: {run.failure}"}
+    s, m = run.stress, run.stress["metrics"]
+    is_default = entry["config_kind"] == DEFAULT_KIND
+    failure = judge_stress(
+        m, trial.user_attrs.get("metrics") or {}, slo, s["alive"], s["log"], s["killed"],
+        None if is_default else default_ttft_ms,
+    )  # fmt: skip
+    kept = ("ttft_p95_ms", "e2e_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "error_rate", "n_requests")
+    return {
+        **entry, "ran": True, "failure": failure, **{k: _finite(m.get(k)) for k in kept},
+        "prompt_tokens": s["prompt_tokens"], "concurrency": s["concurrency"],
+        "trial_ttft_p95_ms": (trial.user_attrs.get("metrics") or {}).get("ttft_p95_ms"),
+        "default_ttft_p95_ms": default_ttft_ms, "log_tail": s["log"][-3000:] if failure else "",
+    }  # fmt: skip
+
+
+def _finite(value: Any) -> Any:
+    return value if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _record_checks(
+    study: optuna.Study, checked: dict[int, tuple[optuna.trial.FrozenTrial, TrialResult]], ctx: TrialContext
+) -> None:
+    checks = dict(study.user_attrs.get("stress") or {})
+    default = next((c for c in checks.values() if c["config_kind"] == DEFAULT_KIND and c.get("ran")), None)
+    default_ttft = default.get("ttft_p95_ms") if default else None
+    for number, (trial, run) in checked.items():
+        entry = _judge_one(trial, run, ctx.slo, default_ttft)
+        if entry["config_kind"] == DEFAULT_KIND and entry["ran"]:
+            default_ttft = entry.get("ttft_p95_ms")
+        checks[str(number)] = entry
+        if entry["failure"]:
+            _add_failed_check(study, trial, entry)
+        ctx.progress.line(_describe(entry))
+    study.set_user_attr("stress", checks)
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    head = f"stress check of trial {entry['trial']}"
+    if not entry["ran"]:
+        return f"{head}: not run ({entry['why']})"
+    ttft, tokens, conc = entry.get("ttft_p95_ms"), entry["prompt_tokens"], entry["concurrency"]
+    seen = f"TTFT p95 {ttft:.0f} ms" if ttft is not None else "no request served"
+    verdict = f"failed: {entry['failure']}" if entry["failure"] else "passed"
+    return f"{head} ({tokens} prompt tokens x concurrency {conc}, cold cache): {seen}; {verdict}"
+
+
+def _add_failed_check(study: optuna.Study, trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> None:
+    """The failed check as a trial of its own, so the sampler and the dashboard see the class."""
+    objective = study.user_attrs.get("objective", "pareto")
+    attrs = {
+        "config_kind": "stress_check", "stress_of": trial.number, "failure": entry["failure"],
+        "constraint_violation": 1.0, "engine": trial.user_attrs.get("engine"),
+        "config": trial.user_attrs.get("config"), "argv": trial.user_attrs.get("argv"), "stress": entry,
+    }  # fmt: skip
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=trial.params,
+            distributions=trial.distributions,
+            values=objectives.values(objective, {}, failed=True),
+            user_attrs=attrs,
+            constraints={CONSTRAINT: 1.0},
+        )  # fmt: skip
+    )
+
+
+def _a_tuned_config_passed(study: optuna.Study, chosen: list[optuna.trial.FrozenTrial]) -> bool:
+    checks = study.user_attrs.get("stress") or {}
+    tuned = [t.number for t in chosen if t.user_attrs.get("config_kind") != DEFAULT_KIND]
+    return not tuned or any(checks.get(str(n), {}).get("ran") and not checks[str(n)]["failure"] for n in tuned)
+
+
+# ---- from repeats ----
+REPORTED = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "goodput_req_s")
+
+
+def decider(study: optuna.Study) -> str:
+    return "goodput_req_s" if study.user_attrs.get("slo") else "output_throughput_tok_s"
+
+
+def pick_finalists(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
+    """The k best feasible tuned configs (Pareto-optimal first), then the engine default."""
+    key = decider(study)
+    front = {t.number for t in feasible_pareto(study)}
+    feasible = feasible_trials(study)
+    tuned = [t for t in feasible if t.user_attrs.get("config_kind") != DEFAULT_KIND]
+    chosen = sorted(
+        tuned, key=lambda t: (t.number not in front, -float(t.user_attrs.get("metrics", {}).get(key) or 0.0))
+    )
+    return chosen[:k] + [t for t in feasible if t.user_attrs.get("config_kind") == DEFAULT_KIND]
+
+
+def config_of(trial: optuna.trial.FrozenTrial, enforce_eager: bool) -> Config:
+    attrs = trial.user_attrs
+    is_default = attrs.get("config_kind") == DEFAULT_KIND
+    return Config(attrs["engine"], dict(attrs.get("config", {})), enforce_eager, is_default)
+
+
+def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The winner when its interval separates from the runner-up's; a tie otherwise."""
+    ranked = sorted(
+        (f for f in finalists if not f["failures"] and key in f["stats"]),
+        key=lambda f: -f["stats"][key]["mean"],
+    )
+    if not ranked:
+        return {"kind": "none", "metric": key, "trials": []}
+    if len(ranked) == 1:
+        return {"kind": "sole", "metric": key, "trials": [ranked[0]["trial"]]}
+    best, runner_up = ranked[0], ranked[1]
+    enough = min(best["stats"][key]["n"], runner_up["stats"][key]["n"]) >= 2  # one run has no interval
+    separated = enough and best["stats"][key]["low"] > runner_up["stats"][key]["high"]
+    return {"kind": "winner" if separated else "tie", "metric": key,
+            "trials": [best["trial"]] if separated else [best["trial"], runner_up["trial"]]}  # fmt: skip

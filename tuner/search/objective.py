@@ -1,0 +1,232 @@
+"""The Optuna objective of ``tuner search``: sample a config, screen it, run it, record it.
+
+Per trial, in order:
+
+1. sample a config from the space (the enqueued engine default samples only its engine);
+2. the memory screen (``tuner.search.memory``) estimates its KV cache from the model's shape, calibrated on
+   every earlier trial of the study; a config it finds cannot fit is recorded as ``screened``
+   (infeasible, with the estimate) and its engine never boots. The engine default is never screened;
+3. otherwise the trial runs (``runner``: ``tuner.measure.trial.run_trial``, or a table in the benchmark),
+   with a pruner watching its workload (``tuner.search.pruning``) against the feasible trials so far;
+4. the result is stored on the trial (``record``); a pruned trial ends PRUNED.
+
+Every trial's memory estimate and the engine's own memory lines are stored, so each trial, booted
+or not, calibrates the next ones, and the screen's hits and misses can be counted afterwards.
+
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from tuner.engines.base import Config
+from tuner.errors import ConfigError
+from tuner.measure.statistics import trial_intervals
+from tuner.measure.trial import TrialContext, TrialResult, WatchFactory, run_trial
+from tuner.search.grid import grid_points
+from tuner.search.memory import estimate, observations
+from tuner.search.pruning import FrontWatch, checkpoints
+from tuner.search.rejections import REJECTED, rejected_like
+from tuner.search.scoring import values, violation
+from tuner.search.space import Space, suggest
+from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND
+from tuner.study.feasible import feasible_trials
+
+SCREENED = "screened"
+Runner = Callable[..., TrialResult]  # (number, config, ctx, watch=...) -> TrialResult
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A sampled config and the screen's verdict on it, before anything boots."""
+
+    config: Config
+    estimate: dict[str, Any] | None
+    is_default: bool
+    told: bool = False  # recorded without a boot (screened, or a config already measured): tell it as is
+    values: list[float] = field(default_factory=list)  # what to tell, when ``told``
+    state: optuna.trial.TrialState = optuna.trial.TrialState.COMPLETE
+
+
+@dataclass
+class SearchObjective:
+    study: optuna.Study
+    space: Space
+    ctx: TrialContext
+    objective: str = "pareto"
+    screen: bool = True
+    prune: bool = True
+    runner: Runner | None = None  # None: tuner.measure.trial.run_trial
+    free_memory: Callable[[], int | None] = field(default=lambda: None)  # the GPU's free bytes now
+    boots: int = 0  # trials of this run that booted an engine (screened ones do not)
+
+    def __call__(self, trial: optuna.Trial) -> list[float]:
+        prepared = self.prepare(trial)
+        if prepared.told and prepared.state == optuna.trial.TrialState.PRUNED:
+            raise optuna.TrialPruned("the same config was pruned before")
+        return prepared.values if prepared.told else self.execute(trial, prepared)
+
+    def prepare(self, trial: optuna.Trial) -> Prepared:
+        """Sample and screen (fast: parallel workers do this one at a time, under a lock). A screened
+        trial, or one whose config was already measured, is recorded here and carries what to tell."""
+        is_default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
+        if not is_default:
+            trial.set_user_attr("config_kind", "sampled")
+        ctx = self.ctx
+        config = suggest(trial, self.space, list(ctx.engines), list(ctx.model.drafts), is_default)
+        finished = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        adapter = ctx.engines[config.engine][0]
+        est = estimate(
+            config, ctx.model, ctx.device, observations([t.user_attrs for t in finished]),
+            adapter.default_memory_fraction, adapter.kv_tokens_required(ctx.model), self.free_memory(),
+        )  # fmt: skip
+        estimate_attrs = None if est is None else est.as_dict()
+        twin = None if is_default else self._measured_twin(config)
+        if twin is not None:
+            return self._duplicate(trial, config, twin, estimate_attrs)
+        like = rejected_like(config, finished) if self.screen else None
+        if like is not None:
+            why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
+            return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)
+        if not (self.screen and not is_default and est is not None and not est.fits):
+            return Prepared(config, estimate_attrs, is_default)
+        why = (f"KV cache for {est.predicted_tokens} tokens predicted, {est.required_tokens} needed "
+               f"({est.basis})")  # fmt: skip
+        return self._not_booted(trial, config, SCREENED, SCREENED, why, estimate_attrs)
+
+    def _measured_twin(self, config: Config) -> optuna.trial.FrozenTrial | None:
+        """An earlier search trial that booted this very config (a sampler proposes one again when it
+        is confident; booting it again would buy a second measurement at the price of a trial)."""
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        for t in self.study.get_trials(deepcopy=False, states=states):
+            a = t.user_attrs
+            if a.get("booted") and a.get("engine") == config.engine and a.get("config") == dict(config.params):
+                return t
+        return None
+
+    def _explore_next(self, number: int) -> None:
+        """A sampler that repeats itself has stopped learning there: the next trial takes a config not
+        measured yet (seeded by the trial number), so the search goes on instead of standing still."""
+        if self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return  # something is queued already
+        try:
+            points = grid_points(self.space, list(self.ctx.engines), list(self.ctx.model.drafts))
+        except ConfigError:
+            return  # a continuous space: a sampler hardly repeats a point there
+        seen = [t.params for t in self.study.get_trials(deepcopy=False)]
+        fresh = [p for p in points if p not in seen]
+        if fresh:
+            self.study.enqueue_trial(random.Random(number).choice(fresh), user_attrs={"config_kind": "sampled"})
+
+    def _duplicate(
+        self, trial: optuna.Trial, config: Config, twin: optuna.trial.FrozenTrial, est: dict[str, Any] | None
+    ) -> Prepared:
+        """Tell the twin's outcome again, without a boot: the sampler learns the same as from the twin."""
+        for key, value in twin.user_attrs.items():
+            if key not in ("config_kind", "worker"):
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("booted", False)
+        trial.set_user_attr("duplicate_of", twin.number)
+        self.ctx.progress.phase(trial.number, "known", f"same config as trial {twin.number}: not booted again")
+        self._explore_next(trial.number)
+        if twin.state == optuna.trial.TrialState.PRUNED:
+            return Prepared(config, est, False, told=True, state=optuna.trial.TrialState.PRUNED)
+        trial.set_constraint(CONSTRAINT, float(twin.constraints.get(CONSTRAINT, 1.0)))
+        return Prepared(config, est, False, told=True, values=list(twin.values or []))
+
+    def execute(self, trial: optuna.Trial, prepared: Prepared, ctx: TrialContext | None = None) -> list[float]:
+        """Boot, drive and record a prepared trial (``ctx``: a GPU slot's own context); a pruned
+        trial raises ``optuna.TrialPruned`` once recorded."""
+        self.boots += 1
+        trial.set_user_attr("booted", True)
+        watch = None if prepared.is_default or not self.prune else self._watch()
+        result = self._run(trial.number, prepared.config, watch, ctx or self.ctx)
+        result.memory_estimate = prepared.estimate
+        values = record(trial, result, self.objective, self.ctx.slo)
+        if result.pruned is not None:
+            raise optuna.TrialPruned(f"pruned after {result.pruned['at_requests']} requests")
+        return values
+
+    def _run(self, number: int, config: Config, watch: WatchFactory | None, ctx: TrialContext) -> TrialResult:
+        if self.runner is None:
+            return run_trial(number, config, ctx, watch=watch)
+        return self.runner(number, config, ctx, watch=watch)
+
+    def _watch(self) -> WatchFactory:
+        references = {t.number: t.user_attrs["checkpoints"] for t in feasible_trials(self.study)
+                      if t.user_attrs.get("checkpoints")}  # fmt: skip
+
+        def factory(n_total: int, boot_s: float) -> FrontWatch:
+            return FrontWatch(n_total, references, self.objective, self.ctx.slo, time.perf_counter(), boot_s)
+
+        return factory
+
+    def _not_booted(
+        self, trial: optuna.Trial, config: Config, failure: str, phase: str, why: str,
+        est: dict[str, Any] | None, **attrs: object,
+    ) -> Prepared:  # fmt: skip
+        """Record, with ``failure`` and no boot, a config screened out or rejected like an earlier one."""
+        adapter, env = self.ctx.engines[config.engine]
+        launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
+        self.ctx.progress.phase(trial.number, phase, f"{config.engine} {_describe(config)}: {why}; not booted")
+        result = TrialResult(config=config, launch=launch, engine_version=env.version, failure=failure)
+        result.memory_estimate = est
+        values = record(trial, result, self.objective, self.ctx.slo)
+        trial.set_user_attr("booted", False)
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return Prepared(config, est, False, told=True, values=values)
+
+
+def _describe(config: Config) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.params.items())
+
+
+def record(
+    trial: optuna.Trial, result: TrialResult, objective: str = "pareto", slo: Mapping[str, float] | None = None
+) -> list[float]:
+    """Store the trial's user attributes and return its objective values."""
+    attrs: dict[str, Any] = {
+        "ttft_p95_ms": _finite(result.ttft_p95_ms),
+        "output_throughput_tok_s": result.output_throughput_tok_s,
+        "failure": result.failure,
+        "constraint_violation": violation(result, objective, slo),
+        "argv": list(result.launch.argv),
+        "engine": result.config.engine,
+        "engine_version": result.engine_version,
+        "config": dict(result.config.params),
+        "metrics": {k: _finite(v) for k, v in result.metrics.items()},
+        "server": result.server,
+        "served_by": result.served_by,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "engine_gpu_peak_bytes": result.engine_gpu_peak_bytes,
+        "boot_s": result.boot_s,
+        "log_path": result.log_path,
+        "log_tail": result.log_tail[-10000:],
+        "warnings": result.warnings,
+        "ttft_samples_ms": result.ttft_samples_ms,
+        "request_log": result.request_log,
+        "checkpoints": checkpoints(result.request_log, slo or {}) if result.failure is None else {},
+        "ci": trial_intervals(result.request_log, result.metrics) if result.failure is None else {},
+        "phases_s": result.phases_s,
+        "pruned": result.pruned,
+        "memory_estimate": result.memory_estimate,
+        "memory_facts": result.memory_facts,
+    }
+    for key, value in attrs.items():
+        trial.set_user_attr(key, json.loads(json.dumps(value)))
+    trial.set_constraint(CONSTRAINT, attrs["constraint_violation"])
+    return values(objective, result.metrics, failed=result.failure is not None)
+
+
+def _finite(value: float) -> float | None:
+    """JSON (and so the RDB storage) has no NaN or inf: store None instead."""
+    return value if math.isfinite(value) else None

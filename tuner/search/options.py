@@ -1,0 +1,68 @@
+"""What ``tuner search`` and ``tuner worker`` are asked to do, and the budget they get."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.engines.base import Device
+from tuner.errors import ConfigError
+
+DEFAULT_TRIALS = 6
+
+
+@dataclass
+class SearchOptions:
+    workload: str
+    space: Path | None = None
+    study: str | None = None
+    storage: str | None = None
+    trials: int | None = None  # None: see budget()
+    finalists: int | None = None
+    repeats: int | None = None
+    timeout_s: float | None = None
+    model: str | None = None
+    drafts: list[str] = field(default_factory=list)
+    seed: int = 0
+    engine_envs: dict[str, str] = field(default_factory=dict)
+    engines: list[str] | None = None
+    requests: int | None = None  # None: a preset's default_requests, the whole file for a trace
+    concurrency: int | None = None
+    rate: float | None = None  # open loop at this many requests (or sessions) per second
+    burstiness: float | None = None
+    log_dir: Path = Path("studies/logs")
+    boot_deadline_s: float = 300.0
+    objective: str = "pareto"
+    slo: dict[str, float] | None = None  # None: the workload preset's default SLOs
+    sampler: str = "tpe"
+    screen: bool = True  # the pre-boot memory screen (tuner.search.memory)
+    prune: bool = True  # stop trials clearly worse than the feasible ones so far (tuner.search.pruning)
+    stress: bool = True  # the stress check of the finalists before a winner is named (tuner.measure.stress)
+    gpus: list[int] | None = None  # --gpus: the GPUs this host may use, cut into slots
+    gpus_per_trial: int = 1
+    worker: bool = False  # tuner worker: a fleet member (server database, no finalists)
+    space_dump: dict[str, Any] | None = None  # a worker joining a study: the study's own space
+
+
+@dataclass(frozen=True)
+class Plan:
+    trials: int
+    finalists: int
+    repeats: int
+
+
+def plan_of(opts: SearchOptions, device: Device) -> Plan:
+    """Flags win; otherwise the embedded CPU default is sized to finish in about 10 minutes on 2 cores
+    (every boot there costs 40-60 s), and everything else gets 6 trials and 3 finalists x 5 repeats."""
+    small = device.kind == "cpu" and opts.model is None
+    chosen = Plan(
+        trials=opts.trials if opts.trials is not None else (4 if small else DEFAULT_TRIALS),
+        finalists=opts.finalists if opts.finalists is not None else (1 if small else 3),
+        # 5 from the noise benchmark (CV 6.5-11 % across fresh boots, reports/measurement.md); the
+        # CPU quickstart keeps 2 to fit its time, so its verdicts are mostly honest ties.
+        repeats=opts.repeats if opts.repeats is not None else (2 if small else 5),
+    )
+    if chosen.trials < 0 or chosen.finalists < 0 or chosen.repeats < 0:
+        raise ConfigError("--trials, --finalists and --repeats must be at least 0")
+    return chosen

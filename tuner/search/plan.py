@@ -1,0 +1,83 @@
+"""``tuner plan``: the exact commands N trials would start, sampled from the space; boots nothing.
+
+It works for every engine on any machine (SGLang on a machine without a GPU included): where an
+engine's environment is missing, the argv names plain ``python3`` and the newest version the
+adapter supports, and the device is taken to be a GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner.engines import ADAPTERS, models
+from tuner.engines.base import Device, EngineAdapter, ModelSpec
+from tuner.engines.env import EngineEnv, probe
+from tuner.errors import ConfigError, EnvironmentSetupError
+from tuner.search.space import Space, load_space, suggest
+
+PLANNED_GPU = Device("cuda", "NVIDIA GPU (planned)", 0)
+
+
+def _env_or_none(adapter: EngineAdapter, where: str | None) -> EngineEnv | None:
+    try:
+        return probe(adapter, Path(where) if where else None)
+    except EnvironmentSetupError:
+        return None
+
+
+def _model(space: Space, model: str | None, drafts: list[str]) -> ModelSpec:
+    if model is not None:
+        return models.user_models(model, drafts, space.static.max_model_len, space.static.load_format)
+    return models.default_model_paths(space.static.max_model_len)
+
+
+def plan(
+    space_path: Path | None,
+    engines: list[str] | None,
+    n: int,
+    seed: int,
+    model: str | None = None,
+    drafts: list[str] | None = None,
+    engine_envs: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    if n < 1:
+        raise ConfigError(f"--n must be at least 1, got {n}")
+    space = load_space(space_path)
+    names = engines or space.engines
+    for name in names:
+        if name not in ADAPTERS:
+            raise ConfigError(f"--engines: unknown engine {name!r}; known: {', '.join(ADAPTERS)}")
+    spec = _model(space, model, drafts or [])
+    targets = {name: _target(name, space, engine_envs or {}) for name in names}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    rows = []
+    for _ in range(n):
+        trial = study.ask()
+        config = suggest(trial, space, names, list(spec.drafts), is_default=False)
+        adapter, env = targets[config.engine]
+        version = env.version if env else adapter.supported_versions[-1]
+        device = PLANNED_GPU
+        if env is not None and env.is_cpu_build:
+            device = Device("cpu", env.distribution, space.static.cpu_memory_budget_mib * 2**20)
+        launch = adapter.launch(config, spec, device, 8000, env.python if env else "python3", version)
+        rows.append(
+            {
+                "engine": config.engine,
+                "engine_version": version,
+                "params": dict(config.params),
+                "argv": list(launch.argv),
+                "env": dict(launch.env),
+            }
+        )
+        study.tell(trial, 0.0)
+    return rows
+
+
+def _target(name: str, space: Space, engine_envs: dict[str, str]) -> tuple[EngineAdapter, EngineEnv | None]:
+    """The engine's adapter and, when installed here, its environment (a flag's, else the space's)."""
+    adapter = ADAPTERS[name]()
+    return adapter, _env_or_none(adapter, engine_envs.get(name) or space.engine_envs.get(name))

@@ -1,0 +1,249 @@
+"""Search spaces: YAML validated by pydantic (unknown keys rejected), sampled into a ``Config``.
+
+Each engine has its own sub-space: an engine's parameters are named ``<engine>.<param>`` in the
+study, so Optuna never treats one engine's parameter as another's. A parameter left out of the
+YAML is not tuned, and the engine's default applies. See ``tuner/search/default_space.yaml``.
+
+Whether a search space can go on in a study that already holds trials.
+
+Optuna stores every parameter's distribution with the trial, and its storage refuses a parameter
+whose kind changes, or a categorical one whose choices change, within one study (a ValueError from
+deep inside ``suggest_*``, mid-trial). A range may be narrowed or widened freely. So a resumed
+search with another space is checked before any trial starts, and a change Optuna would refuse is
+one ConfigError naming the parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    check_distribution_compatibility,
+)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tuner.engines.base import Config
+from tuner.errors import ConfigError
+
+DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"  # package data: found after any install
+KNOWN_ENGINES = ("vllm", "sglang")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Choices(_Strict):
+    # Strict types: YAML's `true` must not slip in as the integer 1.
+    choices: list[StrictInt | StrictFloat | StrictStr] = Field(min_length=1)
+
+
+class IntRange(_Strict):
+    low: int = Field(ge=0)
+    high: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        return self
+
+
+class FractionRange(_Strict):
+    low: float = Field(gt=0.0, le=1.0)
+    high: float = Field(gt=0.0, le=1.0)
+    step: float | None = Field(default=None, gt=0.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FractionRange:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        return self
+
+
+class FractionChoices(_Strict):
+    choices: list[StrictFloat] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _fractions(cls, choices: list[float]) -> list[float]:
+        if any(not 0.0 < c <= 1.0 for c in choices):
+            raise ValueError("choices must be fractions in (0, 1]")
+        return choices
+
+
+class CountChoices(_Strict):
+    choices: list[StrictInt] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _non_negative(cls, choices: list[int]) -> list[int]:
+        if any(c < 0 for c in choices):
+            raise ValueError("choices must be integers of at least 0")
+        return choices
+
+
+class PositiveChoices(_Strict):
+    choices: list[StrictInt] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _positive(cls, choices: list[int]) -> list[int]:
+        if any(c <= 0 for c in choices):
+            raise ValueError("choices must be positive integers")
+        return choices
+
+
+class Parameters(_Strict):
+    chunk_size: PositiveChoices | None = None
+    max_num_seqs: PositiveChoices | None = None
+    memory_fraction: FractionRange | FractionChoices | None = None
+    num_speculative_tokens: IntRange | CountChoices | None = None
+    draft_model: Choices | None = None  # names; left out: every draft the model spec offers
+    tensor_parallel: PositiveChoices | None = None  # GPUs per engine, at most --gpus-per-trial
+
+
+class Static(_Strict):
+    max_model_len: int = Field(default=2048, gt=0)
+    enforce_eager: bool = True  # CPU boots take 30 s instead of 64
+    cpu_memory_budget_mib: int = Field(default=32, gt=0)
+    # "dummy": random weights from config.json alone, for shapes whose weights cannot be had here
+    load_format: str | None = None
+
+
+class Space(_Strict):
+    engines: list[str] = Field(default_factory=lambda: ["vllm"], min_length=1)
+    engine_envs: dict[str, str] = Field(default_factory=dict)
+    parameters: Parameters = Field(default_factory=Parameters)
+    static: Static = Field(default_factory=Static)
+
+    @field_validator("engines", "engine_envs")
+    @classmethod
+    def _known_engines(cls, engines: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
+        unknown = [e for e in engines if e not in KNOWN_ENGINES]
+        if unknown:
+            raise ValueError(f"unknown engine {unknown[0]!r}; known: {', '.join(KNOWN_ENGINES)}")
+        return engines
+
+
+def load_space(path: Path | None = None) -> Space:
+    """Read and validate a search-space file; every problem is a ConfigError naming the key."""
+    where = path or DEFAULT_SPACE
+    try:
+        raw = yaml.safe_load(where.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a search space must be a mapping of keys")
+    try:
+        return Space.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ConfigError(f"{where}: {key}: {first['msg']}") from exc
+
+
+def distributions(space: Space, engines: Sequence[str], drafts: Sequence[str]) -> dict[str, BaseDistribution]:
+    """Every distribution ``suggest`` can ask for, by Optuna parameter name: ``engine``, then each
+    engine's own (``vllm.chunk_size``, ...). A draft model only where there is one to speculate with."""
+    out: dict[str, BaseDistribution] = {"engine": CategoricalDistribution(list(engines))}
+    p = space.parameters
+    draft_choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
+    for engine in engines:
+        name = f"{engine}.{{}}".format
+        for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
+            choices: Choices | None = getattr(p, key)
+            if choices is not None:
+                out[name(key)] = CategoricalDistribution(choices.choices)
+        if isinstance(p.memory_fraction, FractionChoices):
+            out[name("memory_fraction")] = CategoricalDistribution(p.memory_fraction.choices)
+        elif p.memory_fraction is not None:
+            r = p.memory_fraction
+            out[name("memory_fraction")] = FloatDistribution(r.low, r.high, step=r.step)
+        ks = p.num_speculative_tokens
+        if ks is None or not draft_choices:
+            continue  # nothing to speculate with: not tuned, so no trial claims a K it never ran
+        out[name("num_speculative_tokens")] = (
+            CategoricalDistribution(ks.choices) if isinstance(ks, CountChoices) else IntDistribution(ks.low, ks.high)
+        )
+        out[name("draft_model")] = CategoricalDistribution(draft_choices)
+    return out
+
+
+def suggest(
+    trial: optuna.Trial, space: Space, engines: Sequence[str], drafts: Sequence[str], is_default: bool
+) -> Config:
+    """Sample one config over the engines that run here; the enqueued default trial samples only its engine."""
+    engine = str(trial.suggest_categorical("engine", list(engines)))
+    eager = space.static.enforce_eager
+    if is_default:
+        return Config(engine=engine, params={}, enforce_eager=eager, is_default=True)
+    dists, params = distributions(space, [engine], drafts), {}
+    name = f"{engine}.{{}}".format
+    for key in ("chunk_size", "max_num_seqs", "tensor_parallel", "memory_fraction", "num_speculative_tokens"):
+        if name(key) in dists:
+            params[key] = _draw(trial, name(key), dists[name(key)])
+    if isinstance(dists.get(name("memory_fraction")), FloatDistribution):
+        params["memory_fraction"] = round(params["memory_fraction"], 6)  # 0.30000000000000004 from the step grid
+    if params.get("num_speculative_tokens"):
+        params["num_speculative_tokens"] = int(params["num_speculative_tokens"])
+        params["draft_model"] = _draw(trial, name("draft_model"), dists[name("draft_model")])
+    return Config(engine=engine, params=params, enforce_eager=eager)
+
+
+def _draw(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
+    if isinstance(dist, CategoricalDistribution):
+        return trial.suggest_categorical(name, dist.choices)
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high)
+    assert isinstance(dist, FloatDistribution)
+    return trial.suggest_float(name, dist.low, dist.high, step=dist.step)
+
+
+# ---- from space_fit ----
+def check_space_fits(study: optuna.Study, space: Space, engines: Sequence[str], drafts: Sequence[str]) -> None:
+    """Refuse, in one line, a space whose parameters Optuna would reject in this study's trials."""
+    planned = distributions(space, engines, drafts)
+    seen: set[str] = set()
+    for trial in study.get_trials(deepcopy=False):
+        for param, old in trial.distributions.items():
+            new = planned.get(param)
+            if new is None or param in seen:
+                continue
+            seen.add(param)
+            try:
+                check_distribution_compatibility(old, new)
+            except ValueError:
+                raise ConfigError(
+                    f"study {study.study_name!r} searched {param} over {_describe(old)}; this space makes it "
+                    f"{_describe(new)}, which Optuna cannot mix in one study: keep its choices (a range may "
+                    "change) or use another --study"
+                ) from None
+
+
+def _describe(dist: BaseDistribution) -> str:
+    if isinstance(dist, CategoricalDistribution):
+        return "choices [" + ", ".join(str(c) for c in dist.choices) + "]"
+    if isinstance(dist, (FloatDistribution, IntDistribution)):
+        return f"the range {dist.low}..{dist.high}"
+    return type(dist).__name__

@@ -1,0 +1,71 @@
+"""What a study and its trials record: the attribute names, the engine default trial, the study's setup.
+
+Objectives: TTFT p95 in ms (minimise) and output throughput in tokens/s (maximise). A trial that
+ran out of memory, crashed, or failed more than 0.5 % of its requests is COMPLETE with values
+(inf, 0) and a positive constraint (Optuna 5's ``Trial.set_constraint``, which every built-in
+sampler honours), so the sampler learns where engines break; such a trial is never on the
+feasible Pareto front and never exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+from tuner.errors import ConfigError
+
+DEFAULT_KIND = "engine_default"
+
+
+CONSTRAINT = "failure_or_error_rate"
+
+
+def constraint_violation(ft: optuna.trial.FrozenTrial) -> list[float]:
+    """The stored constraint: a value above 0 marks the trial infeasible (unknown: infeasible)."""
+    return [float(ft.user_attrs.get("constraint_violation", 1.0))]
+
+
+def bind_study_attrs(study: optuna.Study, attrs: dict[str, Any]) -> None:
+    """Store what the study is about; refuse to mix trials of a different workload."""
+    known = study.user_attrs.get("workload_digest")
+    if known is not None and known != attrs["workload_digest"]:
+        raise ConfigError(
+            f"study {study.study_name!r} was driven by workload {study.user_attrs.get('workload')!r} "
+            f"({known[:12]}); this run's workload is {attrs['workload_digest'][:12]}: use another --study"
+        )
+    if study.user_attrs.get("objective", attrs.get("objective")) != attrs.get("objective"):
+        raise ConfigError(
+            f"study {study.study_name!r} optimises {study.user_attrs.get('objective', 'pareto')!r}, "
+            f"not {attrs.get('objective')!r}: use another --study"
+        )
+    for key in ("hardware", "engines"):  # the hardware and the engine versions belong to the study
+        known = study.user_attrs.get(key)
+        if known is not None and attrs.get(key) is not None and known != attrs[key]:
+            raise ConfigError(
+                f"study {study.study_name!r} was made on {_describe_setup(study.user_attrs)}; this machine has "
+                f"{_describe_setup(attrs)}: trials from different {key} must not mix, use another --study"
+            )
+    for key, value in attrs.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
+
+
+def _describe_setup(attrs: Mapping[str, Any]) -> str:
+    hw = attrs.get("hardware") or {}
+    engines = ", ".join(f"{n} {e.get('version')}" for n, e in (attrs.get("engines") or {}).items())
+    return f"{hw.get('name')} ({hw.get('memory_bytes', 0) / 2**30:.1f} GiB) with {engines}"
+
+
+def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
+    """Each engine's default config runs first, so the winner is compared with no tuning at all; a
+    default interrupted (FAIL) is queued again, so it is measured after all."""
+    have = set()
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("config_kind") == DEFAULT_KIND and t.state != optuna.trial.TrialState.FAIL:
+            # A waiting (enqueued, not yet run) trial keeps its params in system_attrs["fixed_params"].
+            have.add(t.params.get("engine") or t.system_attrs.get("fixed_params", {}).get("engine"))
+    for engine in engines:
+        if engine not in have:
+            study.enqueue_trial({"engine": engine}, user_attrs={"config_kind": DEFAULT_KIND})
