@@ -42,7 +42,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # Not a benchmark module: the fault suite and the fuzz properties, then the report of what they recorded.
 RELIABILITY = (
-    ("scripts/test.sh", "tests/faults", "tests/unit/test_fuzz_inputs.py", "tests/unit/test_safety.py"),
+    ("scripts/test.sh", "tests/faults", "tests/unit/cli/test_fuzz_inputs.py", "tests/unit/cli/test_safety.py"),
     (sys.executable, "-m", "tests.faults.report"),
 )
 ELSEWHERE = (

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.unit.test_export import _joint_study
+from tests.unit.deploy.test_export import _joint_study
 from tuner.deploy.export import export_study
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device

@@ -142,7 +142,7 @@ def test_open_loop_presets_send_on_schedule(measured: dict[str, Measured]) -> No
         # Keeping up is judged on the median: on 2 shared cores the engine's CPU workers can starve
         # the client for a moment (one send 0.83 s late in a CI run); a client that fell behind the
         # schedule would be late for most sends, not one. That sends never wait on replies is
-        # tests/unit/test_driver_sessions.py's to check, with replies slower than the schedule.
+        # tests/unit/client/test_driver_sessions.py's to check, with replies slower than the schedule.
         assert statistics.median(lags) < 0.1, (name, sorted(lags))
 
 

@@ -1,7 +1,7 @@
 """Render what the fault suite and the fuzz properties recorded into ``reports/reliability.md`` and
 ``reports/reliability.json``. Run after the tests:
 
-    scripts/test.sh tests/faults tests/unit/test_fuzz_inputs.py tests/unit/test_safety.py
+    scripts/test.sh tests/faults tests/unit/cli/test_fuzz_inputs.py tests/unit/cli/test_safety.py
     .venv/bin/python -m tests.faults.report
 
 Nothing is written by hand: every row is one test's own record (``tests.faults.outcomes``), so a

@@ -2,7 +2,7 @@
 
 An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested and used by
 ``tuner plan`` on any machine. Its contract, checked for every adapter by
-``tests/unit/test_engine_contract.py``:
+``tests/contract/test_engine_contract.py``:
 
 * ``launch(config, model, device, port, python, version)`` returns a ``LaunchSpec`` whose argv
   is a list (never a shell string) starting with the engine environment's Python. A parameter

@@ -80,7 +80,7 @@ def test_gpus_on_a_cpu_build_is_one_line_and_nothing_starts(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     db = tmp_path / "s.db"
     done = subprocess.run(
         [sys.executable, "-m", "tuner", "search", "--workload", "rag", "--gpus", "0,1", "--storage", f"sqlite:///{db}"],

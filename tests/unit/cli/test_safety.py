@@ -34,7 +34,7 @@ from tuner.naming import safe_name
 from tuner.study.storage import storage_url
 from tuner.workloads.trace import Trace
 
-PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
+PACKAGE = Path(__file__).resolve().parents[3] / "tuner"
 SUBPROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output"}
 FORBIDDEN = {("os", "system"), ("os", "popen"), ("subprocess", "getoutput"), ("subprocess", "getstatusoutput"),
              ("yaml", "load"), ("yaml", "load_all"), ("yaml", "full_load"), ("yaml", "unsafe_load")}  # fmt: skip

@@ -20,7 +20,7 @@ import pytest
 
 from tuner.measure import telemetry
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CAPTURES = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"
 STUDY = ROOT / "reports" / "gpu-h200" / "rag-h200.db"
 GIB = 2**30

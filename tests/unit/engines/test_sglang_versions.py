@@ -14,7 +14,7 @@ import pytest
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.sglang import SglangAdapter
 
-LOG = Path(__file__).resolve().parents[1] / "data" / "captures" / "sglang-0.5.17-h200" / "boot_ok_8b_dummy_default.log"
+LOG = Path(__file__).resolve().parents[2] / "data" / "captures" / "sglang-0.5.17-h200" / "boot_ok_8b_dummy_default.log"
 MODEL = ModelSpec("/m/target", {"d": "/m/draft"}, 4096)
 GPU = Device("cuda", "H200", 143 * 2**30)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_export import SGLANG_PARAMS, SPEC_PARAMS, _add_engine_trial, _joint_study
+from tests.unit.deploy.test_export import SGLANG_PARAMS, SPEC_PARAMS, _add_engine_trial, _joint_study
 from tuner.deploy.export import RENDERERS, manifest
 from tuner.deploy.formats import read_container_args, read_launcher, read_sh
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden"
 READERS = {
     "sh": read_sh,
     "python": read_launcher,

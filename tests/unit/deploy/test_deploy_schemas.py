@@ -12,11 +12,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.unit.test_deploy import _manifest
+from tests.unit.deploy.test_deploy import _manifest
 from tuner.deploy.formats import render_compose, render_k8s
 from tuner.deploy.provenance import provenance
 
-COMPOSE_SCHEMA = Path(__file__).resolve().parents[2] / ".cache" / "schemas" / "compose_spec.json"
+COMPOSE_SCHEMA = Path(__file__).resolve().parents[3] / ".cache" / "schemas" / "compose_spec.json"
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -6,9 +6,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tests.unit.test_gpu_telemetry import STUDY
-from tests.unit.test_objective import ScriptedEngine, _study
-from tests.unit.test_objective import ctx as ctx  # noqa: F401  (a fixture)
+from tests.unit.measure.test_gpu_telemetry import STUDY
+from tests.unit.search.test_objective import ScriptedEngine, _study
+from tests.unit.search.test_objective import ctx as ctx  # noqa: F401  (a fixture)
 from tuner.engines.base import Config
 from tuner.measure.failures import classify_boot
 from tuner.measure.trial import TrialContext, TrialResult, WatchFactory

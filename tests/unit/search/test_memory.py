@@ -11,7 +11,7 @@ import pytest
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.search.memory import GIB, Observation, estimate, observation, parse_facts, read_shape, screen_key
 
-CAPTURES = Path(__file__).resolve().parents[1] / "data" / "captures"
+CAPTURES = Path(__file__).resolve().parents[2] / "data" / "captures"
 H200 = json.loads((CAPTURES / "vllm-0.26-h200" / "pynvml_with_60GiB_held.json").read_text())
 GPU = Device("cuda", H200["name"], H200["total"])
 

@@ -12,7 +12,7 @@ from tuner.errors import ConfigError
 from tuner.workloads.arrivals import Arrival, override, release_times
 from tuner.workloads.chat_format import check_template, is_generated_template, render_chat, render_follow_up
 
-MAKE_MODELS = Path(__file__).resolve().parents[2] / "tuner" / "engines" / "scripts" / "make_models.py"
+MAKE_MODELS = Path(__file__).resolve().parents[3] / "tuner" / "engines" / "scripts" / "make_models.py"
 
 
 def _gaps(times: list[float | None]) -> list[float]:

@@ -22,7 +22,7 @@ from tuner.engines.base import Config, Device
 from tuner.engines.models import default_model_paths
 from tuner.search.space import load_space
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ROW_KEYS = {"engine", "engine_version", "params", "argv", "env"}
 PLACEHOLDER_PORT = "8000"
 PLAN_DEADLINE_S = 30.0

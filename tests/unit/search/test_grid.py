@@ -11,7 +11,7 @@ from tuner.errors import ConfigError
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.space import load_space
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_benchmark_grid_has_168_distinct_configs() -> None:

@@ -20,7 +20,7 @@ from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.process import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"
 SGLANG = ROOT / "tests" / "data" / "captures" / "sglang-0.5.17-h200-2026-12-01"
 STUDY = ROOT / "reports" / "gpu-h200" / "rag-h200.db"

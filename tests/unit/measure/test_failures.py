@@ -10,7 +10,7 @@ import pytest
 from tuner.measure.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
 from tuner.measure.process import tail
 
-CAPTURES = Path(__file__).resolve().parents[1] / "data" / "captures"
+CAPTURES = Path(__file__).resolve().parents[2] / "data" / "captures"
 
 # The class each real failure log must get, and the exit status the engine had (see captures/README.md).
 EXPECTED_FAILURES: dict[str, tuple[str, int]] = {

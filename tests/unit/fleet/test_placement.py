@@ -11,7 +11,7 @@ import pytest
 from tuner.errors import ConfigError
 from tuner.fleet.placement import GpuReading, busy_reason, parse_gpus, slot_busy, slots
 
-CAPTURE = Path(__file__).resolve().parents[1] / "data" / "captures" / "vllm-0.26-h200" / "pynvml_with_60GiB_held.json"
+CAPTURE = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200" / "pynvml_with_60GiB_held.json"
 
 
 def _captured(index: int = 0) -> GpuReading:
