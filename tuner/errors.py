@@ -9,6 +9,7 @@
     ├── WorkloadError               a workload could not be built or read
     ├── ExportError                 a launch file could not be written or was rejected
     └── StorageError                the study storage could not be opened or used
+        └── MissingStudyError       a command that reads found no such study (exit 2)
 
 Foreign exceptions are wrapped with ``raise ... from exc`` so ``--debug`` still shows the cause.
 Engine errors carry a ``failure`` class (``oom_boot``, ``boot_timeout``, ...) that is stored on the
@@ -61,3 +62,9 @@ class ExportError(TunerError):
 
 class StorageError(TunerError):
     """The study storage could not be opened, or the study is not there."""
+
+
+class MissingStudyError(StorageError):
+    """A command that only reads named a study (or a SQLite file) that is not there; nothing was created."""
+
+    exit_code = 2

@@ -26,11 +26,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ENGINE_LOCK = Path("/tmp/tuner-engine.lock")
-BOOTS_VLLM = {"bench_fidelity", "bench_noise", "bench_stress_demo", "bench_scale_out", "measure_grid"}
+BOOTS_VLLM = {"bench_capacity", "bench_fidelity", "bench_noise", "bench_stress_demo", "bench_scale_out", "measure_grid"}
 NEEDS_POSTGRES = {"bench_scale_out"}
 # What ``all`` runs, in order: one entry per report section. ``measure_grid`` is left out: it measures
 # the committed table ``bench_search`` replays (an hour), not a report; run it by name.
 ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("bench_capacity", ()),
     ("bench_driver_capacity", ()),
     ("bench_fidelity", ()),
     ("bench_fidelity", ("--pin",)),

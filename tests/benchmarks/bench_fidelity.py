@@ -50,6 +50,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -255,7 +256,10 @@ def run(n: int, rounds: int, concurrencies: list[int], pin: bool = False) -> dic
     spec = adapter.launch(config, model, Device("cpu", "cpu", 32 * 2**20), free_port(), env.python, env.version)
     spec = replace(spec, env={**spec.env, "VLLM_SERVER_DEV_MODE": "1"})
     if pin:  # the server's whole tree on one core (its OMP threads too), the clients on the other
-        spec = replace(spec, argv=("taskset", "-c", str(SERVER_CORE), *spec.argv),
+        pinned = out / "pinned-python"  # the engine's python under taskset: a launch runs one interpreter
+        pinned.write_text(f'#!/bin/sh\nexec taskset -c {SERVER_CORE} {shlex.quote(spec.python)} "$@"\n')
+        pinned.chmod(0o755)
+        spec = replace(spec, python=str(pinned),
                        env={**spec.env, "VLLM_CPU_OMP_THREADS_BIND": str(SERVER_CORE)})  # fmt: skip
         os.sched_setaffinity(0, {CLIENT_CORE})  # inherited by vllm bench serve and the stall probe
     tokenizer = load_tokenizer(Path(model.path))

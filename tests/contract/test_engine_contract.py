@@ -4,21 +4,25 @@ For every point of a discrete test space, and for a few hundred points sampled f
 space, each adapter's argv must be accepted by the engine's own parser (vLLM: ``make_arg_parser`` +
 ``create_engine_config``; SGLang 0.5.23: ``prepare_server_args`` + ``resolve_once`` with
 ``--device cpu`` added for the check only), speculative decoding must be on in the resolved config
-exactly when the trial asked for it, and a launch file must read back to the same argv.
+exactly when the trial asked for it, and a launch file must read back to the same argv. Without an
+engine: every adapter's ``LaunchSpec`` is one value whose argv is derived from its fields, whose
+port changes alone, and which a trial stores and reads back without its trial-only environment.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 from typing import Any
 
 import optuna
 import pytest
 
-from tuner.deploy.formats import engine_args, read_python, read_sh, render_python, render_sh
+from tuner.deploy.formats import read_python, read_sh, render_python, render_sh
 from tuner.deploy.verify import check_argvs
 from tuner.engines import ADAPTERS
-from tuner.engines.base import Config, Device, EngineAdapter, ModelSpec
+from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
 from tuner.engines.env import EngineEnv, probe
 from tuner.engines.models import default_models
 from tuner.search.space import load_space, suggest
@@ -71,7 +75,7 @@ def test_every_argv_is_accepted_and_does_what_the_trial_claims(
     for device, params in itertools.product(DEVICES[adapter.name], points):
         config = Config(adapter.name, params, enforce_eager=device.kind == "cpu")
         launches.append((params, adapter.launch(config, model, device, 8000, env.python, env.version)))
-    verdicts = check_argvs(env, [engine_args(list(launch.argv))[1] for _, launch in launches])
+    verdicts = check_argvs(env, [list(launch.args) for _, launch in launches])
     rejected = [(p, v["error"]) for (p, _), v in zip(launches, verdicts, strict=True) if not v["ok"]]
     assert not rejected, f"{len(rejected)} of {len(launches)} rejected by {adapter.name} {env.version}: {rejected[:3]}"
     for (params, _), verdict in zip(launches, verdicts, strict=True):
@@ -86,7 +90,7 @@ def test_a_launch_file_reads_back_to_the_same_argv(engine: tuple[EngineAdapter, 
     for params in discrete_points():
         device = DEVICES[adapter.name][0]
         launch = adapter.launch(Config(adapter.name, params), model, device, 8000, env.python, env.version)
-        module, args = engine_args(list(launch.argv))
+        module, args = launch.module, list(launch.args)
         manifest = {
             "tuner_version": "t",
             "exported_at": "now",
@@ -115,5 +119,66 @@ def test_a_rejected_flag_fails_the_check(engine: tuple[EngineAdapter, EngineEnv]
     adapter, env = engine
     dead = {"vllm": ["--speculative-model", model.drafts["draft-2l"]], "sglang": ["--cuda-graph-max-bs", "8"]}
     launch = adapter.launch(Config(adapter.name, {}), model, DEVICES[adapter.name][0], 8000, env.python, env.version)
-    verdict = check_argvs(env, [engine_args(list(launch.argv))[1] + dead[adapter.name]])[0]
+    verdict = check_argvs(env, [[*launch.args, *dead[adapter.name]]])[0]
     assert verdict["ok"] is False and verdict["error"]
+
+
+# --- the LaunchSpec, for every adapter, without an engine -------------------------------------------
+
+PLAIN_MODEL = ModelSpec("/models/target", {"draft-2l": "/models/draft"}, 2048, load_format="dummy")
+SPEC_POINT = {"chunk_size": 512, "max_num_seqs": 4, "memory_fraction": 0.5, "num_speculative_tokens": 2,
+              "draft_model": "draft-2l"}  # fmt: skip
+
+
+def _spec(adapter: EngineAdapter, params: dict[str, Any], port: int = 41234) -> LaunchSpec:
+    device = DEVICES[adapter.name][-1]
+    return adapter.launch(Config(adapter.name, params), PLAIN_MODEL, device, port, "/env/bin/python",
+                          adapter.supported_versions[-1])  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+@pytest.mark.parametrize("params", [{}, SPEC_POINT])
+def test_the_argv_is_derived_from_the_fields(name: str, params: dict[str, Any]) -> None:
+    adapter = ADAPTERS[name]()
+    spec = _spec(adapter, params)
+    argv = spec.argv
+    assert argv[:3] == ("/env/bin/python", "-m", adapter.module) == (spec.python, "-m", spec.module)
+    assert spec.engine == name and spec.host == "127.0.0.1" and spec.port == 41234
+    assert "--host" not in spec.args and "--port" not in spec.args, "args are the engine's own flags"
+    assert spec.args[1] == PLAIN_MODEL.path == spec.served_model, "args open with the model flag and its path"
+    i = argv.index("--host")
+    assert argv[i : i + 4] == ("--host", spec.host, "--port", str(spec.port))
+    assert argv[3:i] + argv[i + 4 :] == spec.args, "the argv is the args with the address, nothing else"
+    assert spec.health_path == adapter.health_path and spec.ready_line == adapter.ready_line
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_a_new_port_changes_the_port_and_nothing_else(name: str) -> None:
+    spec = _spec(ADAPTERS[name](), SPEC_POINT)
+    moved = spec.with_port(50123)
+    assert moved == dataclasses.replace(spec, port=50123)
+    assert [(k, v) for k, v in vars(moved).items() if v != vars(spec)[k]] == [("port", 50123)]
+    changed = [(a, b) for a, b in zip(spec.argv, moved.argv, strict=True) if a != b]
+    assert changed == [("41234", "50123")]
+    assert moved.argv[moved.argv.index("--port") + 1] == "50123"
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_a_trial_stores_the_launch_without_its_trial_only_environment(name: str) -> None:
+    spec = _spec(ADAPTERS[name](), SPEC_POINT)
+    spec = dataclasses.replace(spec, trial_env={**spec.trial_env, "CUDA_VISIBLE_DEVICES": "3"})
+    stored = json.loads(json.dumps(spec.stored()))  # as the RDB storage gives it back
+    assert set(stored) == {"python", "module", "args", "host", "port", "env"}
+    assert stored == {"python": spec.python, "module": spec.module, "args": list(spec.args), "host": spec.host,
+                      "port": spec.port, "env": dict(spec.env)}  # fmt: skip
+    assert not set(spec.trial_env) & set(stored["env"]), "trial-only environment is never stored"
+    assert spec.run_env == {**spec.env, **spec.trial_env}, "the server process gets both"
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_each_adapter_names_its_image_port_health_and_ttft_histogram(name: str) -> None:
+    adapter = ADAPTERS[name]()
+    assert adapter.image and ":" not in adapter.image, "the image without a tag: exports add the version"
+    assert 0 < adapter.default_port < 65536
+    assert adapter.health_path.startswith("/")
+    assert adapter.ttft_histogram.startswith(f"{name}:")

@@ -1,6 +1,7 @@
-"""End to end on the real vLLM CPU build: search, record, export, check, and serve the export.
+"""End to end on the real vLLM CPU build: a capacity search, record, export, check, serve the export.
 
-One study of 3 boots is shared by the tests of this module (every boot costs about 20-40 s):
+One study of 3 boots, scored by capacity under both SLO tiers (``--objective capacity-pareto``), is
+shared by the tests of this module (every boot costs about 20-40 s, every capacity search a few steps):
 trial 0 is enqueued with a KV-cache share too small for the max model length, so it must fail at
 boot as ``kv_insufficient`` and the study must go on; trial 1 asks for an even smaller share, which
 the memory screen must then reject without booting; trial 2 is the engine's default config; trial 3
@@ -24,7 +25,7 @@ import pytest
 
 from tests.e2e.conftest import ROOT, engine_processes, tuner
 from tuner.measure.process import free_port
-from tuner.search.scoring import DIRECTIONS
+from tuner.search.scoring import directions
 
 pytestmark = pytest.mark.engine
 STUDY = "e2e"
@@ -37,7 +38,7 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def study(storage: str) -> optuna.Study:
-    pre = optuna.create_study(study_name=STUDY, storage=storage, directions=DIRECTIONS)
+    pre = optuna.create_study(study_name=STUDY, storage=storage, directions=directions("capacity-pareto"))
     for fraction in (0.2, 0.15):
         pre.enqueue_trial(
             {
@@ -66,11 +67,15 @@ def study(storage: str) -> optuna.Study:
         "1",
         "--repeats",
         "1",
+        "--objective",
+        "capacity-pareto",
+        "--resolution",
+        "1.0",  # one doubling is close enough here: the tests check the search's plumbing, not its precision
     )
     assert done.returncode == 0, done.stderr[-3000:]
     # The default space holds both engines; on a machine without a GPU SGLang is left out, said once.
     assert done.stderr.count("sglang: left out of this study") == 1, done.stderr[:2000]
-    for phase in ("boot", "warmup", "drive", "score"):
+    for phase in ("boot", "warmup", "step", "score"):
         assert f" {phase} " in done.stderr, f"no {phase} progress line"
     return optuna.load_study(study_name=STUDY, storage=storage)
 
@@ -87,7 +92,7 @@ def test_kv_too_small_is_recorded_infeasible_and_the_study_goes_on(study: optuna
     assert failed.user_attrs["failure"] == "kv_insufficient"
     assert failed.user_attrs["constraint_violation"] > 0
     assert "KV cache is needed" in failed.user_attrs["log_tail"]
-    assert failed.values == [math.inf, 0.0]
+    assert failed.values == [0.0, 0.0], "no capacity under either tier"
     # vLLM's own figure: the longest model length that would have fit in 0.2 x 32 MiB
     assert 0 < failed.user_attrs["memory_facts"]["max_len_fit"] < 2048
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials[1:])
@@ -109,7 +114,7 @@ def test_default_config_is_enqueued_and_measured(study: optuna.Study) -> None:
     default = _searched(study)[2]
     assert default.user_attrs["config_kind"] == "engine_default"
     assert default.params == {"engine": "vllm"}
-    assert not any(a.startswith("--max-num-batched-tokens") for a in default.user_attrs["argv"])
+    assert not any(a.startswith("--max-num-batched-tokens") for a in default.user_attrs["launch"]["args"])
 
 
 def test_feasible_trials_carry_finite_metrics_and_attributes(study: optuna.Study) -> None:
@@ -119,15 +124,26 @@ def test_feasible_trials_carry_finite_metrics_and_attributes(study: optuna.Study
         attrs = t.user_attrs
         assert math.isfinite(attrs["ttft_p95_ms"]) and attrs["ttft_p95_ms"] > 0
         assert attrs["output_throughput_tok_s"] > 0
-        assert t.values == [attrs["ttft_p95_ms"], attrs["output_throughput_tok_s"]]
+        assert t.values == [attrs["capacity_interactive_req_s"], attrs["capacity_relaxed_req_s"]]
+        for tier, searched in attrs["capacity"]["tiers"].items():
+            steps = searched["steps"]
+            assert steps and searched["slo"] and searched["target"] == 0.9, tier
+            fails = [s["rate_req_s"] for s in steps if not s["passed"]]
+            passes = [s["rate_req_s"] for s in steps if s["passed"] and s["rate_req_s"] < min(fails, default=math.inf)]
+            assert attrs[f"capacity_{tier}_req_s"] == max(passes, default=0.0), "the highest pass below every fail"
+            assert all(s["ttft_p95_ms"] is None or s["ttft_p95_ms"] > 0 for s in steps)
+        assert attrs["slo"]["tier"] == "interactive" and attrs["slo"]["attainment"] == 0.9
         assert attrs["engine"] == "vllm" and attrs["engine_version"] == "0.32.0"
-        assert attrs["argv"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-        assert attrs["metrics"]["n_errors"] == 0 and attrs["metrics"]["n_requests"] == 8
+        assert attrs["launch"]["module"] == "vllm.entrypoints.openai.api_server"
+        assert attrs["metrics"]["error_rate"] <= 0.005 and attrs["metrics"]["n_requests"] >= 10
         assert attrs["peak_memory_bytes"] > 50 * 2**20
         assert attrs["served_by"]["owned_by"] == ["vllm"] and attrs["served_by"]["version"] == "0.32.0"
         assert attrs["server"]["prefix_cache_hit_rate"] is not None
         assert attrs["server"]["server_ttft_mean_ms"] > 0
-        assert "Starting vLLM" in attrs["log_tail"] or attrs["log_tail"]
+        # the log is vLLM's own (tests/data/captures/vllm-0.32-cpu), and its tail ends with the trial's requests
+        assert "Starting vLLM server on http://127.0.0.1:" in Path(attrs["log_path"]).read_text()
+        assert '"POST /v1/completions HTTP/1.1" 200 OK' in attrs["log_tail"], attrs["log_tail"][-2000:]
+        assert "Traceback" not in attrs["log_tail"]
     assert study.user_attrs["workload"] == "rag" and len(study.user_attrs["workload_digest"]) == 64
 
 
@@ -135,7 +151,9 @@ def test_trials_command_prints_the_table(study: optuna.Study, storage: str) -> N
     done = tuner("trials", "--study", STUDY, "--storage", storage)
     assert done.returncode == 0, done.stderr
     assert "kv_insufficient" in done.stdout and "engine defaults" in done.stdout and "screened" in done.stdout
-    assert len(done.stdout.splitlines()) == 1 + len(study.trials) + 3  # header, trials, legend, effort, verdict
+    # header, trials, legend, one SLO line per tier, effort, verdict
+    assert len(done.stdout.splitlines()) == 1 + len(study.trials) + 3 + 2, done.stdout
+    assert "SLO interactive: " in done.stdout and "SLO relaxed: " in done.stdout
     assert "screened by the memory screen" in done.stdout
     assert "verdict: " in done.stdout and " n=1" in done.stdout
 
@@ -191,9 +209,21 @@ def test_report_renders_in_a_real_browser(study: optuna.Study, storage: str, tmp
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]  # type: ignore[no-untyped-call]
         assert errors == [], errors
         assert browser.execute_script("return Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
-        for section in ("pareto", "best-vs-default", "ttft-cdf", "importance", "failure-map", "acceptance", "launch"):
+        sections = (
+            "capacity",
+            "capacity-table",
+            "best-vs-default",
+            "importance",
+            "failure-map",
+            "acceptance",
+            "launch",
+        )
+        for section in sections:
             assert browser.find_element("id", section).is_displayed(), section
-        assert len(browser.find_elements("css selector", "svg")) >= 2, "the Pareto and failure-map plots"
+        drawn = browser.execute_script(  # Plotly marks a div it has drawn with the class js-plotly-plot
+            "return Array.from(document.querySelectorAll('.js-plotly-plot')).map(e => e.id)"
+        )
+        assert {"capacity-plot-0", "capacity-plot-1"} <= set(drawn), drawn
         assert browser.save_screenshot(str(tmp_path / "report.png"))
         assert (tmp_path / "report.png").stat().st_size > 10_000
     finally:

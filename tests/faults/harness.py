@@ -101,7 +101,8 @@ def make_study(where: Path, model: Path, engine: FaultEngine, storage: str | Non
     storage = storage or f"sqlite:///{where / 'study.db'}"
     flags = ["--workload", "rag", "--model", str(model), "--engine-env", f"vllm={engine.python}",
              "--space", str(where / "space.yaml"), "--study", "faults", "--storage", storage, "--requests", "8",
-             "--finalists", "0", "--repeats", "0", "--no-stress", "--no-screen", "--no-prune"]  # fmt: skip
+             "--finalists", "0", "--repeats", "0", "--no-stress", "--no-screen", "--no-prune",
+             "--objective", "pareto"]  # fmt: skip
     return Study("faults", storage, flags)
 
 

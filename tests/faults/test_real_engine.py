@@ -62,7 +62,7 @@ def test_vllm_sigkilled_mid_workload_and_the_tuner_sigkilled(tmp_path: Path, mon
     storage = f"sqlite:///{tmp_path / 'real.db'}"
     flags = ["--workload", "rag", "--space", str(tmp_path / "space.yaml"), "--study", "real", "--storage", storage,
              "--requests", "40", "--finalists", "0", "--repeats", "0", "--no-stress", "--no-prune",
-             "--seed", "3", "--engine-env", f"vllm={vllm_env}"]  # fmt: skip
+             "--seed", "3", "--engine-env", f"vllm={vllm_env}", "--objective", "pareto"]  # fmt: skip
     study = Study("real", storage, flags)
     queued = optuna.create_study(study_name="real", storage=storage, directions=DIRECTIONS)
     for chunk, seqs in ((1024, 4), (512, 2)):

@@ -37,7 +37,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     (tmp / "space.yaml").write_text(SPACE)
     name = f"fleet-{uuid.uuid4().hex[:8]}"
     made = tuner("search", "--workload", "rag", "--study", name, "--storage", url, "--space", str(tmp / "space.yaml"),
-                 "--requests", "6", "--trials", "0", "--repeats", "0", "--no-stress")  # fmt: skip
+                 "--requests", "6", "--trials", "0", "--repeats", "0", "--no-stress",
+                 "--objective", "pareto")  # fmt: skip
     assert made.returncode == 0, made.stderr[-2000:]
     workers = [_start_worker(name, url, tmp / f"worker{i}.log") for i in range(3)]
     victim, killed_trial = _kill_one_mid_trial(workers, name, url)

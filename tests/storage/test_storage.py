@@ -41,7 +41,8 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _result(ttft: float, throughput: float, failure: str | None = None) -> TrialResult:
-    spec = LaunchSpec("vllm", ("py", "-m", "vllm.entrypoints.openai.api_server"), {}, 8000, "/health", "m")
+    spec = LaunchSpec(engine="vllm", python="py", module="vllm.entrypoints.openai.api_server", args=("--model", "m"),
+                      host="127.0.0.1", port=8000, health_path="/health", served_model="m")  # fmt: skip
     metrics = {"ttft_p95_ms": ttft, "output_throughput_tok_s": throughput, "error_rate": 0.0}
     return TrialResult(Config("vllm", {"chunk_size": 512}), spec, "0.32.0", failure=failure, metrics=metrics)
 

@@ -13,17 +13,17 @@ from tuner.deploy.export import export_study
 from tuner.deploy.verify import check_files
 from tuner.errors import ConfigError
 from tuner.fleet.placement import parse_gpus
-from tuner.measure.goodput import parse_slo
 from tuner.progress import Progress
 from tuner.report.dashboard import serve
 from tuner.report.html import write_report
 from tuner.report.trials_table import trials_table
-from tuner.search.drive_server import drive_url
+from tuner.search.drive_server import drive_capacity, drive_url, failed_beyond_limit
 from tuner.search.plan import plan as make_plan
 from tuner.search.preview import preview
+from tuner.search.resolve import parse_slo_flags
 from tuner.search.run import SearchOptions, run_search
 from tuner.search.worker import fill_from_study
-from tuner.study.storage import load_existing, open_storage, redacted, storage_url
+from tuner.study.storage import given_url, load_existing, open_storage, redacted, storage_url
 from tuner.workloads import source
 from tuner.workloads.arrivals import check_flags
 
@@ -34,29 +34,36 @@ if TYPE_CHECKING:
 def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> SearchOptions:
     """The workload, model and load flags that search, workload and drive share, validated."""
 
-    slo = getattr(args, "slo", None)
+    slo, tiers = parse_slo_flags(_slo_texts(getattr(args, "slo", None)))
     opts = SearchOptions(
         workload=workload,
-        space=args.space,
+        space=getattr(args, "space", None),  # drive takes no search space
         model=args.model,
         seed=args.seed,
-        engine_envs=engine_envs(args.engine_env),
+        engine_envs=engine_envs(getattr(args, "engine_env", [])),
         requests=args.requests,
         concurrency=args.concurrency,
         rate=args.rate,
         burstiness=args.burstiness,
-        slo=parse_slo(slo) if slo else None,
+        slo=slo,
+        slo_tiers=tiers,
         **only_search,
     )
     _check_load_flags(opts)
     return opts
 
 
+def _slo_texts(given: str | list[str] | None) -> list[str]:
+    return [] if given is None else [given] if isinstance(given, str) else list(given)
+
+
 def _search_options(args: argparse.Namespace, **extra: Any) -> SearchOptions:
+    given_url(args.storage)  # a URL of no database's kind is a usage error before any engine is probed
     return _options(
         args, args.workload, study=args.study, storage=args.storage, trials=args.trials,
         finalists=args.finalists, repeats=args.repeats, timeout_s=args.timeout, drafts=args.drafts,
         engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
+        tier=args.tier, attainment=args.attainment, resolution=args.resolution,
         prune=args.prune, stress=args.stress, gpus=parse_gpus(args.gpus) if args.gpus else None,
         gpus_per_trial=args.gpus_per_trial, **extra,
     )  # fmt: skip
@@ -93,15 +100,36 @@ def workload(args: argparse.Namespace) -> int:
 
 def drive(args: argparse.Namespace) -> int:
 
+    if args.capacity:
+        return _drive_capacity(args)
     opts = _options(args, args.workload)
     report = drive_url(opts, args.url)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(report, allow_nan=False))  # an undefined figure is null, never NaN
     else:
         m = report["metrics"]
         print(f"{report['url']} ({report['model']}), workload {report['workload']}: {int(m['n_requests'])} requests")
         for key in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "error_rate"):
-            print(f"  {key:<24} {m[key]:.3f}")
+            print(f"  {key:<24} {'n/a' if m[key] is None else format(m[key], '.3f')}")
+    failed = failed_beyond_limit(report)
+    if failed is not None:
+        print(f"tuner: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _drive_capacity(args: argparse.Namespace) -> int:
+    objective = "capacity" if args.tier else "capacity-pareto"
+    opts = _options(args, args.workload, objective=objective, tier=args.tier or "interactive",
+                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10)  # fmt: skip
+    report = drive_capacity(opts, args.url, args.tiers_for, Progress())
+    if args.json:
+        print(json.dumps(report, allow_nan=False))
+    else:
+        for tier, found in report["capacity"]["tiers"].items():
+            slo = ", ".join(f"{k} <= {v:g}" for k, v in found["slo"].items())
+            print(f"{tier}: {found['capacity_req_s']:.3g} req/s with {found['target']:.0%} of requests within {slo} "
+                  f"({found['stop_reason']}, {len(found['steps'])} steps)")  # fmt: skip
     return 0
 
 
@@ -116,14 +144,14 @@ def plan(args: argparse.Namespace) -> int:
 
 def trials(args: argparse.Namespace) -> int:
 
-    study = load_existing(args.study, storage_url(args.study, args.storage))
+    study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     print(trials_table(study))
     return 0
 
 
 def export(args: argparse.Namespace) -> int:
 
-    study = load_existing(args.study, storage_url(args.study, args.storage))
+    study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     for path in export_study(study, args.trials, args.out, engine_envs(args.engine_env), args.formats):
         print(path)
     return 0
@@ -145,7 +173,7 @@ def check(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
 
-    study = load_existing(args.study, storage_url(args.study, args.storage))
+    study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     print(write_report(study, args.out))
     return 0
 
@@ -154,7 +182,7 @@ def dashboard(args: argparse.Namespace) -> int:
 
     if not (args.storage or os.environ.get("TUNER_STORAGE") or args.study):
         raise ConfigError("dashboard needs --storage URL, $TUNER_STORAGE, or --study NAME for its SQLite file")
-    url = storage_url(args.study or "", args.storage)
+    url = storage_url(args.study or "", args.storage, reading=True)
     storage = open_storage(url)  # opened here, so a bad URL is one line, not the dashboard's traceback
 
     print(f"study storage: {redacted(url)}", file=sys.stderr, flush=True)

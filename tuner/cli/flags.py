@@ -7,11 +7,13 @@ A bad value is a ``ConfigError`` (exit 2, one line) rather than argparse's own e
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from tuner.errors import ConfigError
 from tuner.search.samplers import SAMPLERS
+from tuner.workloads.arrivals import MIN_BURSTINESS
 
 __all__ = ["build_parser", "engine_envs"]
 
@@ -42,6 +44,70 @@ def _seed(value: str) -> int:
     return seed
 
 
+def _attainment(value: str) -> float:
+    """A share of requests: in (0, 1]."""
+    share = _number(value)
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return share
+
+
+def _resolution(value: str) -> float:
+    """The capacity search's relative precision: above 0."""
+    step = _number(value)
+    if not step > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return step
+
+
+def _number(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return number
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """The value type of a count: a whole number of at least ``low``."""
+
+    def whole(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {number}")
+        return number
+
+    return whole
+
+
+def _above_zero(value: str) -> float:
+    """Seconds or a rate: a finite number above 0."""
+    number = _number(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return number
+
+
+def _burstiness(value: str) -> float:
+    """A gamma shape: below ``MIN_BURSTINESS`` the gaps underflow to 0 (``tuner.workloads.arrivals``)."""
+    number = _number(value)
+    if number < MIN_BURSTINESS:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_BURSTINESS:g} (1 is Poisson), got {value}")
+    return number
+
+
+def _port(value: str) -> int:
+    port = _at_least(1)(value)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to 65535, got {port}")
+    return port
+
+
 def _engine_list(value: str) -> list[str]:
     engines = [e.strip() for e in value.split(",") if e.strip()]
     if not engines:
@@ -50,9 +116,9 @@ def _engine_list(value: str) -> list[str]:
 
 
 def _load_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--concurrency", type=int, help="closed loop at C in flight (with --rate: its cap)")
-    parser.add_argument("--rate", type=float, help="open loop: requests (or sessions) per second")
-    parser.add_argument("--burstiness", type=float, help="open-loop gamma shape: 1 Poisson, <1 burstier")
+    parser.add_argument("--concurrency", type=_at_least(1), help="closed loop at C in flight (with --rate: its cap)")
+    parser.add_argument("--rate", type=_above_zero, help="open loop: requests (or sessions) per second")
+    parser.add_argument("--burstiness", type=_burstiness, help="open-loop gamma shape: 1 Poisson, <1 burstier")
 
 
 def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
@@ -65,28 +131,54 @@ def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
         "--storage", required=worker, help="Optuna storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)"
     )
     s.add_argument(
-        "--trials", type=int, default=None,
+        "--trials", type=_at_least(0), default=None,
         help="the study's budget of booted trials, the default trial included (default 6; CPU default 4)",
     )  # fmt: skip
-    s.add_argument("--finalists", type=int, help="best configs repeated after the search (default 3; CPU default 1)")
-    s.add_argument("--repeats", type=int, help="fresh boots per finalist (default 5; CPU default 2; 0: none)")
-    s.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    s.add_argument(
+        "--finalists", type=_at_least(0), help="best configs repeated after the search (default 3; CPU default 1)"
+    )
+    s.add_argument("--repeats", type=_at_least(0), help="fresh boots per finalist (default 5; CPU default 2; 0: none)")
+    s.add_argument("--timeout", type=_above_zero, help="stop starting trials after this many seconds")
     s.add_argument("--model")
     s.add_argument("--draft-model", action="append", default=[], dest="drafts")
     s.add_argument("--seed", type=_seed, default=None if worker else 0)
     s.add_argument(
-        "--requests", type=int, help="measured requests per trial (default: 10 x a closed loop's concurrency, else 16)"
+        "--requests",
+        type=_at_least(1),
+        help="measured requests per trial (default: 10 x a closed loop's concurrency, else 16)",
     )
     _load_flags(s)
     s.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
     s.add_argument("--engines", type=_engine_list, help="comma-separated engines (default: the space's)")
     s.add_argument(
         "--objective",
-        default=None if worker else "pareto",
-        help="pareto (TTFT p95 vs throughput), goodput or throughput",
+        default=None if worker else "capacity",
+        help="capacity (default: the highest rate that meets an SLO tier), capacity-pareto (both tiers), "
+        "pareto (TTFT p95 vs throughput at one load), goodput or throughput",
     )
-    s.add_argument("--slo", help="e.g. ttft_p95_ms=500,tpot_p95_ms=50 (default: the workload preset's)")
+    _capacity_flags(s, worker)
     _strategy_flags(s)
+
+
+def _capacity_flags(s: argparse.ArgumentParser, worker: bool = False) -> None:
+    """The SLO and how a capacity search judges it; a worker takes what it is not given from the study."""
+    s.add_argument(
+        "--slo", action="append", default=None,
+        help="[TIER:]KEY=MS,... e.g. interactive:ttft_p95_ms=200,tpot_p95_ms=6 (repeatable; default: the "
+        "workload preset's tiers). Without a tier: the scored tier's SLO (the older objectives' SLO)",
+    )  # fmt: skip
+    s.add_argument(
+        "--tier", choices=("interactive", "relaxed"), default=None if worker else "interactive",
+        help="the SLO tier --objective capacity scores (default interactive)",
+    )  # fmt: skip
+    s.add_argument(
+        "--attainment", type=_attainment, default=None if worker else 0.9,
+        help="share of requests that must meet the SLO at a capacity (default 0.9)",
+    )  # fmt: skip
+    s.add_argument(
+        "--resolution", type=_resolution, default=None if worker else 0.10,
+        help="relative precision of the capacity search (default 0.1: within 10 %%)",
+    )  # fmt: skip
 
 
 def _strategy_flags(s: argparse.ArgumentParser) -> None:
@@ -100,7 +192,9 @@ def _strategy_flags(s: argparse.ArgumentParser) -> None:
         "--no-stress", dest="stress", action="store_false", help="skip the finalists' stress check at peak load"
     )
     s.add_argument("--gpus", help="GPU indices this host may use, e.g. 0,1,2,3 (default: all, one trial at a time)")
-    s.add_argument("--gpus-per-trial", type=int, default=1, help="GPUs of each parallel trial (bounds tensor_parallel)")
+    s.add_argument(
+        "--gpus-per-trial", type=_at_least(1), default=1, help="GPUs of each parallel trial (bounds tensor_parallel)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,7 +217,7 @@ def _workload_flags(w: argparse.ArgumentParser) -> None:
     w.add_argument("name", help="a preset (rag, agent, chat, json) or a trace file")
     w.add_argument("--seed", type=_seed, default=0)
     w.add_argument(
-        "--requests", type=int, help="measured requests (default: 10 x a closed loop's concurrency, else 16)"
+        "--requests", type=_at_least(1), help="measured requests (default: 10 x a closed loop's concurrency, else 16)"
     )
     w.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     w.add_argument("--model", help="default: the generated models")
@@ -136,7 +230,7 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", required=True)
     p.add_argument("--space", type=Path)
     p.add_argument("--engines", type=_engine_list)
-    p.add_argument("--n", type=int, default=10)
+    p.add_argument("--n", type=_at_least(1), default=10)
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--model")
     p.add_argument("--draft-model", action="append", default=[], dest="drafts")
@@ -146,14 +240,20 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
 def _drive_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
     r.add_argument("--workload", required=True)
-    r.add_argument("--requests", type=int)
+    r.add_argument("--requests", type=_at_least(1))
     _load_flags(r)
     r.add_argument("--seed", type=_seed, default=0)
-    r.add_argument("--slo", help="e.g. ttft_p95_ms=500 (default: the workload preset's)")
-    r.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the generated one)")
-    r.add_argument("--space", type=Path)
-    r.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
-    r.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    r.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the served folder)")
+    r.add_argument(
+        "--capacity", action="store_true",
+        help="search the highest rate that meets each SLO tier (both, or --tier), as a trial does",
+    )  # fmt: skip
+    r.add_argument(
+        "--tiers-for", choices=("gpu", "cpu"), default="gpu",
+        help="with --capacity: the preset's tiers for a server on a GPU (default) or the vLLM CPU build",
+    )  # fmt: skip
+    _capacity_flags(r, worker=True)  # no --tier default: --capacity searches both tiers unless told
+    r.add_argument("--json", action="store_true", help="print the metrics as one JSON object (null: undefined)")
 
 
 def _study_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -171,7 +271,7 @@ def _study_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     d = sub.add_parser("dashboard", help="review a study in optuna-dashboard (bound to 127.0.0.1 by default)")
     d.add_argument("--study", help="with the default storage: the study whose SQLite file to open")
     d.add_argument("--storage")
-    d.add_argument("--port", type=int, default=8080)
+    d.add_argument("--port", type=_port, default=8080)
     d.add_argument("--host", default="127.0.0.1", help="listen address; anything but loopback exposes the study")
 
     c = sub.add_parser("check", help="validate exported launch files with their engine's own parser")
@@ -182,7 +282,7 @@ def _study_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _export_flags(e: argparse.ArgumentParser) -> None:
     e.add_argument("--study", required=True)
     e.add_argument("--storage")
-    e.add_argument("--trial", type=int, action="append", dest="trials")
+    e.add_argument("--trial", type=_at_least(0), action="append", dest="trials")
     e.add_argument("--out", type=Path, required=True)
     e.add_argument(
         "--format",

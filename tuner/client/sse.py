@@ -37,6 +37,7 @@ class RequestRecord:
     prompt_tokens: int
     error: str | None
     scheduled_s: float | None = None
+    detail: str | None = None  # the server's own words for ``error`` (an HTTP error's body), on one line
 
 
 @dataclass
@@ -57,11 +58,12 @@ async def send(
     """POST ``payload`` (streaming options added) to ``url``; the record and the response text."""
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     stream = _Stream()
+    detail: str | None = None
     sent_s = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s), client.stream("POST", url, json=payload) as response:
             if response.status_code != 200:
-                await response.aread()
+                detail = _error_text(await response.aread())
                 stream.last_byte_s = time.perf_counter()
                 error: str | None = f"HTTP {response.status_code}"
             else:
@@ -81,8 +83,25 @@ async def send(
         output_tokens=stream.completion_tokens,
         prompt_tokens=stream.prompt_tokens,
         error=error,
+        detail=detail,
     )
     return record, "".join(stream.text)
+
+
+def _error_text(body: bytes) -> str | None:
+    """The message of an error response's body (OpenAI's ``{"error": {"message"}}``, vLLM's
+    ``{"message"}``, FastAPI's ``{"detail"}``, or plain text), on one line of at most 200 characters."""
+    text = body.decode("utf-8", "replace")
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        inner = parsed.get("error") or parsed
+        if isinstance(inner, dict):
+            inner = inner.get("message") or inner.get("detail") or inner
+        text = str(inner)
+    return " ".join(text.split())[:200] or None
 
 
 async def _read_sse(response: httpx.Response, stream: _Stream) -> str | None:

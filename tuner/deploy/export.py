@@ -4,7 +4,8 @@ The ``*.json`` manifest holds everything known of the trial; the other formats r
 (``tuner.deploy.formats``), ``python`` (``tuner.deploy.formats``), ``compose`` and ``k8s``
 (``tuner.deploy.formats``), each under the same provenance header. Before anything is written, every argv
 is checked by the engine's own parser (``tuner.deploy.verify``); a rejected one fails the export and writes
-nothing, and so does an interruption while writing (``tuner.deploy.atomic.write_all``).
+nothing, and so does an interruption while writing (``tuner.deploy.atomic.write_all``). The command comes
+from the trial's ``launch`` attribute, field by field: no argv is split here.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from typing import Any
 
 import optuna
 
-from tuner import __version__
 from tuner.deploy import verify
 from tuner.deploy.atomic import write_all
-from tuner.deploy.formats import engine_args, render_compose, render_k8s, render_python, render_sh
+from tuner.deploy.formats import render_compose, render_k8s, render_python, render_sh
 from tuner.deploy.provenance import provenance
 from tuner.engines import ADAPTERS
 from tuner.engines import env as env_probe
@@ -28,6 +28,7 @@ from tuner.errors import ExportError
 from tuner.naming import safe_name
 from tuner.study.attrs import constraint_violation
 from tuner.study.feasible import feasible_pareto
+from tuner.version import __version__
 
 
 def select_trials(study: optuna.Study, numbers: list[int] | None) -> list[optuna.trial.FrozenTrial]:
@@ -54,7 +55,7 @@ def select_trials(study: optuna.Study, numbers: list[int] | None) -> list[optuna
 
 def manifest(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     attrs, sattrs = trial.user_attrs, study.user_attrs
-    module, args = engine_args(list(attrs["argv"]))
+    launch = stored_launch(trial)
     engine = attrs["engine"]
     return {
         "tuner_version": __version__,
@@ -80,10 +81,34 @@ def manifest(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, 
         "repeats": next((f for f in sattrs.get("finalists", []) if f["trial"] == trial.number), None),
         "verdict": sattrs.get("verdict"),
         "server": attrs.get("server"),
-        "module": module,
-        "python": attrs["argv"][0],
-        "argv": args,
+        **_capacity(attrs),
+        "module": launch["module"],
+        "python": launch["python"],
+        "argv": list(launch["args"]),  # the engine's own flags: each format adds its address
     }
+
+
+def _capacity(attrs: dict[str, Any]) -> dict[str, Any]:
+    """A capacity trial's claim: each tier's capacity, its SLO and the attainment target (none otherwise)."""
+    searched = (attrs.get("capacity") or {}).get("tiers") or {}
+    if not searched:
+        return {}
+    tiers = {
+        tier: {"capacity_req_s": s.get("capacity_req_s"), "slo": s.get("slo"), "attainment_target": s.get("target")}
+        for tier, s in searched.items()
+    }
+    return {"capacity": {"objective_tier": attrs["capacity"].get("objective_tier"), "tiers": tiers}}
+
+
+def stored_launch(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The launch the trial stored (``LaunchSpec.stored``); a trial of an older tuner has only its argv."""
+    launch = trial.user_attrs.get("launch")
+    if not isinstance(launch, dict):
+        raise ExportError(
+            f"trial {trial.number} was recorded by an older tuner, which kept its command only as an argv: "
+            "measure the config again with this tuner to export it"
+        )
+    return launch
 
 
 def safe_stem(study: str, number: int) -> str:

@@ -1,8 +1,8 @@
 """Container launch files: a docker-compose service and a Kubernetes Deployment + Service.
 
-Both run the engine's official image (``vllm/vllm-openai``, ``lmsysorg/sglang``) at the version the
-trial measured, with the exact argv, a GPU reservation, the port, a health check on the engine's
-health endpoint and the model folder mounted read-only at the same path. Secrets never appear: a
+Both run the engine's official image (the adapter's ``image``) at the version the trial measured,
+with the exact engine args, a GPU reservation, the engine's default port, a health check on the
+engine's health endpoint and the model folder mounted read-only at the same path. Secrets never appear: a
 token such as ``HF_TOKEN`` is passed by name (compose takes it from the caller's environment, k8s
 from a Secret), never by value. The YAML is written with ``yaml.safe_dump``, so every value is quoted
 as YAML needs and each argument stays one list item.
@@ -34,20 +34,18 @@ from typing import Any
 import yaml
 
 from tuner.deploy.provenance import provenance
+from tuner.engines import ADAPTERS
 from tuner.errors import ExportError
 from tuner.naming import safe_name
 
-IMAGES = {"vllm": "vllm/vllm-openai", "sglang": "lmsysorg/sglang"}
-PORTS = {"vllm": 8000, "sglang": 30000}
-HEALTH = {"vllm": "/health", "sglang": "/health_generate"}
 SECRET_ENV = ("HF_TOKEN",)
 GPU_RESERVATION = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
 
 
 def _container(m: dict[str, Any]) -> tuple[str, list[str], list[str], int]:
-    engine = m["engine"]
-    image = f"{IMAGES[engine]}:v{m['engine_version']}"
-    port = PORTS[engine]
+    adapter = ADAPTERS[m["engine"]]()
+    image = f"{adapter.image}:v{m['engine_version']}"
+    port = adapter.default_port
     entrypoint = ["python3", "-m", m["module"]]
     return image, entrypoint, [*m["argv"], "--host", "0.0.0.0", "--port", str(port)], port
 
@@ -68,7 +66,7 @@ def render_compose(m: dict[str, Any], header: list[str]) -> str:
         "volumes": [{"type": "bind", "source": _model_dir(m), "target": _model_dir(m), "read_only": True}],
         "deploy": {"resources": {"reservations": {"devices": [GPU_RESERVATION]}}},
         "healthcheck": {
-            "test": ["CMD", "curl", "-f", f"http://localhost:{port}{HEALTH[m['engine']]}"],
+            "test": ["CMD", "curl", "-f", f"http://localhost:{port}{ADAPTERS[m['engine']]().health_path}"],
             "interval": "15s", "timeout": "5s", "retries": 20, "start_period": "300s",
         },
     }  # fmt: skip
@@ -79,7 +77,7 @@ def render_compose(m: dict[str, Any], header: list[str]) -> str:
 def render_k8s(m: dict[str, Any], header: list[str]) -> str:
     image, entrypoint, args, port = _container(m)
     name = safe_name(f"{m['engine']}-{m['study']}-{m['trial']}").lower().replace("_", "-").replace(".", "-")[:63]
-    probe = {"httpGet": {"path": HEALTH[m["engine"]], "port": port}, "periodSeconds": 15}
+    probe = {"httpGet": {"path": ADAPTERS[m["engine"]]().health_path, "port": port}, "periodSeconds": 15}
     container = {
         "name": m["engine"], "image": image, "command": entrypoint, "args": args,
         "ports": [{"containerPort": port}],
@@ -135,7 +133,8 @@ ADDRESS_FLAGS = ("--host", "--port")
 
 
 def engine_args(argv: list[str]) -> tuple[str, list[str]]:
-    """Split ``python -m MODULE args...`` into MODULE and the args without host and port."""
+    """Split a command read back from a launch file, ``python -m MODULE args...``, into MODULE and the
+    args without host and port."""
     if len(argv) < 3 or argv[1] != "-m":
         raise ExportError(f"not an engine command: {argv[:3]}")
     args, rest = [], iter(argv[3:])
@@ -155,7 +154,7 @@ def render_sh(m: dict[str, Any]) -> str:
         "set -euo pipefail",
         f"ENGINE_PYTHON=${{ENGINE_PYTHON:-{shlex.quote(m['python'])}}}",
         "HOST=${HOST:-127.0.0.1}",
-        "PORT=${PORT:-8000}",
+        f"PORT=${{PORT:-{ADAPTERS[m['engine']]().default_port}}}",
     ]
     lines = [f'exec "$ENGINE_PYTHON" -m {shlex.quote(m["module"])}']
     lines += [f"  {shlex.quote(a)}" for a in m["argv"]]
@@ -240,7 +239,8 @@ def render_python(m: dict[str, Any], header: list[str]) -> str:
     """The engine's Python launcher: ``sglang.Runtime`` for SGLang, vLLM's server module for vLLM."""
     if m["engine"] == "vllm":
         argv = pprint.pformat(list(m["argv"]), indent=4)
-        body = _VLLM_LAUNCHER.replace("@MODULE@", repr(m["module"])).replace("@ARGV@", argv)
+        body = _VLLM_LAUNCHER.replace("@PORT@", str(ADAPTERS["vllm"]().default_port))  # before any user text
+        body = body.replace("@MODULE@", repr(m["module"])).replace("@ARGV@", argv)
         return "\n".join(["#!/usr/bin/env python3", *header, body])
     return _render_sglang(m, header)
 
@@ -249,7 +249,8 @@ def _render_sglang(m: dict[str, Any], header: list[str]) -> str:
     kwargs = argv_to_kwargs(m["argv"])
     body = pprint.pformat(kwargs, indent=4, sort_dicts=False)  # a Python literal: quoting is repr's
     # Plain concatenation, not an f-string: the launcher's own dict braces must stay as they are.
-    return "\n".join(["#!/usr/bin/env python3", *header, _LAUNCHER.replace("@KWARGS@", body)])
+    launcher = _LAUNCHER.replace("@PORT@", str(ADAPTERS["sglang"]().default_port)).replace("@KWARGS@", body)
+    return "\n".join(["#!/usr/bin/env python3", *header, launcher])
 
 
 _LAUNCHER = """# Run with the engine environment's Python; HOST and PORT come from the environment.
@@ -261,7 +262,7 @@ import sglang
 KWARGS = @KWARGS@
 
 if __name__ == "__main__":
-    address = {"host": os.environ.get("HOST", "127.0.0.1"), "port": int(os.environ.get("PORT", "30000"))}
+    address = {"host": os.environ.get("HOST", "127.0.0.1"), "port": int(os.environ.get("PORT", "@PORT@"))}
     runtime = sglang.Runtime(**KWARGS, **address)
     print(runtime.url, flush=True)
     try:
@@ -281,7 +282,7 @@ MODULE = @MODULE@
 ARGV = @ARGV@
 
 if __name__ == "__main__":
-    address = ["--host", os.environ.get("HOST", "127.0.0.1"), "--port", os.environ.get("PORT", "8000")]
+    address = ["--host", os.environ.get("HOST", "127.0.0.1"), "--port", os.environ.get("PORT", "@PORT@")]
     sys.argv = [MODULE, *ARGV, *address]
     runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
 """

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.study.verdict import TOO_FEW_RUNS
+
 __all__ = ["provenance"]
 
 
@@ -28,8 +30,22 @@ def provenance(m: dict[str, Any]) -> list[str]:
         f"# model: {_oneline(m['model'])}",
         f"# workload: {_oneline(m['workload'])}  digest: {_oneline(m['workload_digest'])}",
         f"# measured: {objectives}",
+        *_capacity_lines(m),
         *_repeat_lines(m),
     ]
+
+
+def _capacity_lines(m: dict[str, Any]) -> list[str]:
+    """Each tier's capacity with the SLO and attainment target it was measured against."""
+    lines = []
+    for tier, c in ((m.get("capacity") or {}).get("tiers") or {}).items():
+        slo = ", ".join(f"{k} <= {v:g}" for k, v in (c.get("slo") or {}).items())
+        target = c.get("attainment_target")
+        share = f"{target:.0%}" if isinstance(target, int | float) else "?"
+        value = c.get("capacity_req_s")
+        rate = f"{value:.3g} req/s" if isinstance(value, int | float) else "unknown"
+        lines.append(f"# capacity ({_oneline(tier)} tier): {rate} with {share} of requests within {_oneline(slo)}")
+    return lines
 
 
 def _measured(key: str, value: float, ci: dict[str, Any] | None) -> str:
@@ -41,7 +57,8 @@ def _repeat_lines(m: dict[str, Any]) -> list[str]:
     """The finalist repeats' means and 95 % intervals, and the verdict, when the study has them."""
     lines = []
     for metric, s in ((m.get("repeats") or {}).get("stats") or {}).items():
-        lines.append(f"# repeats {metric}: mean {s['mean']:.1f}, 95% CI [{s['low']:.1f}, {s['high']:.1f}], n={s['n']}")
+        within = TOO_FEW_RUNS if s.get("low") is None else f"95% CI [{s['low']:.1f}, {s['high']:.1f}]"
+        lines.append(f"# repeats {metric}: mean {s['mean']:.1f}, {within}, n={s['n']}")
     stress = m.get("stress")
     if stress and stress.get("ran"):
         ttft = stress.get("ttft_p95_ms")

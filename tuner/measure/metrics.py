@@ -22,9 +22,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import numpy as np
 
 from tuner.client.driver import DriveResult, RequestRecord
+from tuner.engines.prometheus import parse_prometheus
 
 
 def summarize(result: DriveResult) -> dict[str, float]:
@@ -49,7 +51,7 @@ def summarize(result: DriveResult) -> dict[str, float]:
     summary.update(_percentiles("ttft", ttft_ms, (50, 90, 95, 99)))
     summary["ttft_mean_ms"] = float(np.mean(ttft_ms)) if ttft_ms else math.nan
     summary.update(_percentiles("tpot", [t for r in ok if (t := _tpot_ms(r)) is not None], (50, 95)))
-    summary.update(_percentiles("itl", [gap for r in ok for gap in _itl_ms(r)], (50, 95)))
+    summary.update(_percentiles("itl", [gap for r in ok for gap in itl_ms(r)], (50, 95)))
     summary.update(_percentiles("e2e", e2e_ms, (50, 95)))
     return summary
 
@@ -85,10 +87,18 @@ def _tpot_ms(record: RequestRecord) -> float | None:
     return (record.done_s - record.first_token_s) * 1e3 / (record.output_tokens - 1)
 
 
-def _itl_ms(record: RequestRecord) -> list[float]:
+def itl_ms(record: RequestRecord) -> list[float]:
     times, tokens = record.token_times_s, record.chunk_tokens
     gaps: list[float] = []
     for i in range(1, len(times)):
         n = max(tokens[i], 1) if i < len(tokens) else 1
         gaps.extend([(times[i] - times[i - 1]) * 1e3 / n] * n)
     return gaps
+
+
+def scrape_metrics(client: httpx.Client, base_url: str) -> dict[str, float]:
+    try:
+        response = client.get(base_url + "/metrics")
+        return parse_prometheus(response.text) if response.status_code == 200 else {}
+    except httpx.HTTPError:
+        return {}

@@ -24,7 +24,6 @@ stops with one line (``LogWriteError``) instead of recording a failure for every
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
@@ -42,17 +41,9 @@ from tuner.errors import EngineLaunchError, TunerError
 from tuner.measure import reaper
 from tuner.measure.failures import classify_boot, match_signature
 
-__all__ = ["STOP_GRACE_S", "LogWriteError", "ServerProcess", "free_port", "head", "tail", "with_port"]
+__all__ = ["STOP_GRACE_S", "LogWriteError", "ServerProcess", "free_port", "head", "tail"]
 
 STOP_GRACE_S = 10.0
-
-
-def with_port(spec: LaunchSpec, port: int) -> LaunchSpec:
-    """``spec`` listening on ``port`` instead (the value after ``--port``, which every adapter emits)."""
-    argv = list(spec.argv)
-    if "--port" in argv[:-1]:
-        argv[argv.index("--port") + 1] = str(port)
-    return dataclasses.replace(spec, argv=tuple(argv), port=port)
 
 
 class ServerProcess:
@@ -61,7 +52,7 @@ class ServerProcess:
     def __init__(self, spec: LaunchSpec, log_path: Path) -> None:
         self.spec = spec
         self.log_path = log_path
-        self.base_url = f"http://127.0.0.1:{spec.port}"
+        self.base_url = f"http://{spec.host}:{spec.port}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._engine: psutil.Process | None = None
         self._engine_pid = 0
@@ -75,7 +66,7 @@ class ServerProcess:
         return self
 
     def _start(self) -> None:
-        env = {**os.environ, **self.spec.env}
+        env = {**os.environ, **self.spec.run_env}
         with self.log_path.open("ab") as log:
             self._proc, self._engine_pid = reaper.spawn(self.spec.argv, env, log, STOP_GRACE_S)
         try:
@@ -147,8 +138,8 @@ class ServerProcess:
     def _rebind(self) -> None:
         """Someone took the port between ``free_port()`` and the engine's bind: boot once more elsewhere."""
         self.stop()
-        self.spec = with_port(self.spec, free_port())
-        self.base_url = f"http://127.0.0.1:{self.spec.port}"
+        self.spec = self.spec.with_port(free_port())
+        self.base_url = f"http://{self.spec.host}:{self.spec.port}"
         self._rebound, self._tree = True, {}
         with self.log_path.open("ab") as log:
             log.write(

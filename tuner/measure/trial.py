@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,12 @@ import httpx
 from tuner.client.driver import DriveResult, RequestRecord, drive_sync
 from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
 from tuner.engines.env import EngineEnv
-from tuner.engines.prometheus import parse_prometheus
 from tuner.errors import EngineLaunchError
 from tuner.measure.failures import classify_serve
 from tuner.measure.goodput import goodput, steady_throughput
-from tuner.measure.metrics import request_log, summarize
+from tuner.measure.metrics import request_log, scrape_metrics, summarize
 from tuner.measure.process import ServerProcess, free_port, tail
+from tuner.measure.rate_steps import CapacityOutcome, CapacityPlan, Measured, measure_step, search_capacity
 from tuner.measure.stress import VERSION, peak_concurrency, stress_requests
 from tuner.measure.telemetry import MemorySampler
 from tuner.progress import Progress
@@ -42,14 +42,19 @@ def run_trial(
     repeat: int | None = None,
     stress: bool = False,
     watch: WatchFactory | None = None,
+    incumbents: Mapping[str, float] | None = None,
+    prune: bool = True,
 ) -> TrialResult:
     """Run one config once; ``repeat`` numbers a finalist's fresh-boot repeat (its own log file);
     ``stress`` adds the stress run (``tuner.measure.stress``) on the same server once the workload served;
-    ``watch`` lets a pruner stop the workload early (the result then carries ``pruned``)."""
+    ``watch`` lets a pruner stop the workload early (the result then carries ``pruned``). With a
+    capacity plan (``ctx.capacity``) the server's capacity is searched instead of driving the fixed
+    workload, starting near ``incumbents`` (the best capacity per tier so far) and, with ``prune``,
+    stopping when the config cannot come close to them."""
     adapter, env = ctx.engines[config.engine]
     spec = adapter.launch(config, ctx.model, ctx.device, free_port(), env.python, env.version)
     if ctx.gpus is not None:  # this slot's GPUs only: parallel trials never share one
-        spec = replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
+        spec = replace(spec, trial_env={**spec.trial_env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, ctx.gpus))})
     suffix = "" if repeat is None else f"-repeat{repeat}"
     log_path = ctx.log_dir / f"trial-{number:04d}-{config.engine}{suffix}.log"
     result = TrialResult(config=config, launch=spec, engine_version=env.version, log_path=str(log_path))
@@ -61,9 +66,12 @@ def run_trial(
             result.failure, result.log_tail = exc.failure, exc.log_tail
             ctx.progress.phase(number, "failed", f"{exc.failure} at boot")
         else:
-            result.launch = server.spec  # the argv that booted (a boot retried on a fresh port has another)
+            result.launch = server.spec  # the launch that booted (a boot retried on a fresh port has another)
             result.phases_s["boot"] = round(result.boot_s, 2)
-            serve_workload(number, server, adapter, ctx, result, watch)
+            if ctx.capacity is not None:
+                serve_capacity(number, server, adapter, ctx, result, incumbents, prune)
+            else:
+                serve_workload(number, server, adapter, ctx, result, watch)
             if stress and result.failure is None and result.pruned is None:
                 stress_run(number, server, adapter, ctx, result)
             result.log_tail = tail(log_path)
@@ -97,6 +105,7 @@ class TrialContext:
     boot_deadline_s: float = 300.0
     slo: dict[str, float] = field(default_factory=dict)
     gpus: tuple[int, ...] | None = None  # this trial's GPUs (CUDA_VISIBLE_DEVICES); None: all, or the CPU
+    capacity: CapacityPlan | None = None  # search capacity under SLO tiers instead of driving the workload once
 
 
 @dataclass
@@ -121,6 +130,7 @@ class TrialResult:
     pruned: dict[str, Any] | None = None  # where the pruner stopped the workload (tuner.search.pruning)
     memory_facts: dict[str, float] = field(default_factory=dict)  # the engine's own memory lines
     memory_estimate: dict[str, Any] | None = None  # what the screen predicted (tuner.search.memory)
+    capacity: dict[str, Any] | None = None  # every tier's capacity search and its curve (CapacityOutcome)
 
     @property
     def ttft_p95_ms(self) -> float:
@@ -140,14 +150,6 @@ class Pruned(Exception):
 
 
 # ---- from serving ----
-def scrape_metrics(client: httpx.Client, base_url: str) -> dict[str, float]:
-    try:
-        response = client.get(base_url + "/metrics")
-        return parse_prometheus(response.text) if response.status_code == 200 else {}
-    except httpx.HTTPError:
-        return {}
-
-
 def identify_server(client: httpx.Client, base_url: str) -> dict[str, Any]:
     """What really serves: the model list and version the server reports, not the sampled engine."""
     found: dict[str, Any] = {}
@@ -161,6 +163,89 @@ def identify_server(client: httpx.Client, base_url: str) -> dict[str, Any]:
     return found
 
 
+def warm_up(number: int, server: ServerProcess, client: httpx.Client, ctx: TrialContext, result: TrialResult) -> None:
+    """Ask the server what it serves, then send the workload's warmup requests, whose timings are discarded."""
+    result.served_by = identify_server(client, server.base_url)
+    workload = ctx.workload
+    ctx.progress.phase(number, "warmup", f"{len(workload.warmup)} requests, boot {result.boot_s:.0f} s")
+    started = time.monotonic()
+    drive_sync(None, server.base_url, server.spec.served_model, workload.warmup, concurrency=workload.concurrency)
+    result.phases_s["warmup"] = round(time.monotonic() - started, 2)
+
+
+def serve_capacity(
+    number: int, server: ServerProcess, adapter: EngineAdapter, ctx: TrialContext, result: TrialResult,
+    incumbents: Mapping[str, float] | None, prune: bool,
+) -> None:  # fmt: skip
+    """Warm up, then search each scored tier's capacity (``tuner.measure.rate_steps``)."""
+    plan, workload, spec = ctx.capacity, ctx.workload, server.spec
+    assert plan is not None
+    ready_at = server.log_size()
+    with httpx.Client(timeout=10.0) as client:
+        warm_up(number, server, client, ctx, result)
+        cache_reset = [reset_prefix_cache(client, server, adapter)]
+
+        def measure(rate: float) -> Measured:
+            cache_reset.append(reset_prefix_cache(client, server, adapter))
+            return measure_step(server.base_url, spec.served_model, workload.requests, rate, plan, adapter)
+
+        def said(tier: str, step: Measured, verdict: str) -> None:
+            what = f"{tier}: {step.rate_req_s:.3g} req/s, {len(step.rows)} requests in {step.duration_s:.0f} s"
+            ctx.progress.phase(number, "step", f"{what}: attainment {verdict}")
+
+        outcome = search_capacity(measure, plan, incumbents, prune, said)
+        alive = server.alive() and healthy(client, server)
+    if not all(cache_reset):
+        result.warnings.append("prefix cache not reset between steps: later steps may have started warm")
+    result.phases_s["capacity"] = round(outcome.search_s, 2)
+    _score_capacity(result, outcome, plan)
+    since_ready = tail(server.log_path, max_lines=400, start=ready_at)
+    result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE)
+    scored = {tier: outcome.results[tier] for tier in plan.scored}
+    if prune and all(r.pruned for r in scored.values()):
+        sent = sum(len(m.rows) for m in outcome.measured)
+        result.pruned = {"at_requests": sent, "steps": len(outcome.measured), "values": {}, "saved_s": None,
+                         "capacity": {tier: r.capacity_req_s for tier, r in scored.items()}}  # fmt: skip
+    text = ", ".join(f"{tier} {r.capacity_req_s:.3g} req/s ({r.stop_reason})" for tier, r in scored.items())
+    ctx.progress.phase(number, "score", f"failed: {result.failure}" if result.failure else f"capacity: {text}")
+
+
+def _score_capacity(result: TrialResult, outcome: CapacityOutcome, plan: CapacityPlan) -> None:
+    """The trial's figures: each scored tier's capacity, and the latencies at the first tier's capacity.
+
+    The error rate counts the steps at or below that capacity (the lowest step when none passed):
+    above it, timeouts are the overload the search looks for, not a broken config.
+    """
+    first = outcome.results[plan.scored[0]]
+    by_rate = {m.rate_req_s: m for m in outcome.measured}
+    lowest = min(by_rate)
+    at = [step for step in first.steps if step.rate_req_s == first.capacity_req_s] or [
+        step for step in first.steps if step.rate_req_s == lowest
+    ]
+    step = at[0]
+    within = [m for rate, m in by_rate.items() if rate <= max(first.capacity_req_s, lowest)]
+    sent = sum(len(m.rows) for m in within)
+    errors = sum(1 for m in within for row in m.rows if row["error"] is not None)  # unfinished: a miss, not an error
+    figures = {k: v for k, v in step.as_dict().items() if k.endswith("_ms") or k.endswith("_s")}
+    result.metrics = {k: float(v) for k, v in figures.items() if isinstance(v, int | float)}
+    result.metrics.update({
+        "capacity_req_s": first.capacity_req_s,
+        "attainment_at_capacity": step.attainment,
+        "error_rate": errors / sent if sent else 1.0,
+        "n_errors": float(errors),
+        "n_requests": float(sent),
+    })  # fmt: skip
+    for tier, r in outcome.results.items():
+        result.metrics[f"capacity_{tier}_req_s"] = r.capacity_req_s
+    rows = by_rate[step.rate_req_s].rows
+    result.request_log = rows
+    result.ttft_samples_ms = sorted(
+        round((r["first_s"] - r["sent_s"]) * 1e3, 2) for r in rows if r["error"] is None and r["first_s"] is not None
+    )
+    result.server = dict(step.server)
+    result.capacity = outcome.as_dict(plan)
+
+
 def serve_workload(
     number: int, server: ServerProcess, adapter: EngineAdapter, ctx: TrialContext, result: TrialResult,
     watch: WatchFactory | None,
@@ -168,11 +253,7 @@ def serve_workload(
     workload, spec = ctx.workload, server.spec
     ready_at = server.log_size()
     with httpx.Client(timeout=10.0) as client:
-        result.served_by = identify_server(client, server.base_url)
-        ctx.progress.phase(number, "warmup", f"{len(workload.warmup)} requests, boot {result.boot_s:.0f} s")
-        started = time.monotonic()
-        drive_sync(None, server.base_url, spec.served_model, workload.warmup, concurrency=workload.concurrency)
-        result.phases_s["warmup"] = round(time.monotonic() - started, 2)
+        warm_up(number, server, client, ctx, result)
         if not reset_prefix_cache(client, server, adapter):
             result.warnings.append("prefix cache not reset after warmup: the workload may start warm")
         before = scrape_metrics(client, server.base_url)

@@ -1,4 +1,8 @@
-"""The trials table printed by ``tuner trials`` and at the end of ``tuner search``."""
+"""The trials table printed by ``tuner trials`` and at the end of ``tuner search``.
+
+In a capacity study the table shows each trial's capacity per SLO tier (req/s) instead of its TTFT and
+throughput, and each tier's SLO under it.
+"""
 
 from __future__ import annotations
 
@@ -6,58 +10,72 @@ from typing import Any
 
 import optuna
 
+from tuner.report.capacity import capacity_cell, is_capacity_study, slo_text, tiers
+from tuner.report.describe import engine_of, is_default, params_text
 from tuner.study.feasible import feasible_pareto
-from tuner.study.verdict import describe_verdict
+from tuner.study.verdict import describe_verdict, interval_text
 
 COLUMNS = ("#", "state", "failure", "ttft_p95_ms", "tok/s", "repeats: tok/s mean [95% CI]", "params")
 
 
 def _params(trial: optuna.trial.FrozenTrial) -> str:
-    if trial.user_attrs.get("config_kind") == "engine_default":
-        return f"{trial.params.get('engine', '?')} (engine defaults)"
-    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
+    return f"{engine_of(trial)} (engine defaults)" if is_default(trial) else params_text(trial)
 
 
 def _number(value: object, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, int | float) else "-"
 
 
-def _repeats(finalist: dict[str, Any] | None) -> str:
+def _repeats(finalist: dict[str, Any] | None, metric: str) -> str:
     if finalist is None:
         return "-"
-    stats = finalist["stats"].get("output_throughput_tok_s")
-    failed = f" ({len(finalist['failures'])} failed)" if finalist["failures"] else ""
+    stats = (finalist.get("stats") or {}).get(metric)
+    failures = finalist.get("failures") or []
+    failed = f" ({len(failures)} failed)" if failures else ""
     if stats is None:
         return "all failed" + failed
-    return f"{stats['mean']:.1f} [{stats['low']:.1f}, {stats['high']:.1f}] n={stats['n']}{failed}"
+    return f"{interval_text(stats)} n={stats['n']}{failed}"
+
+
+def _status(attrs: dict[str, Any]) -> str:
+    pruned = attrs.get("pruned")
+    if isinstance(pruned, dict) and isinstance(pruned.get("steps"), int):
+        return f"pruned after {pruned['steps']} steps"  # a capacity search that fell short of the incumbent
+    if isinstance(pruned, dict) and "at_requests" in pruned:
+        return f"pruned at {pruned['at_requests']}/{pruned.get('of', '?')}"
+    return "pruned" if pruned else str(attrs.get("failure") or "-")
+
+
+def header(study: optuna.Study) -> tuple[str, ...]:
+    if not is_capacity_study(study):
+        return COLUMNS
+    capacities = tuple(f"{t.name} req/s" for t in tiers(study))
+    return ("#", "state", "failure", *capacities, "repeats: req/s mean [95% CI]", "params")
 
 
 def trial_rows(study: optuna.Study) -> list[tuple[str, ...]]:
     front = {t.number for t in feasible_pareto(study)}
-    finalists = {f["trial"]: f for f in study.user_attrs.get("finalists", [])}
+    finalists = {f.get("trial"): f for f in study.user_attrs.get("finalists", []) if isinstance(f, dict)}
+    capacity = is_capacity_study(study)
+    names = [t.name for t in tiers(study)] if capacity else []
+    metric = "capacity_req_s" if capacity else "output_throughput_tok_s"
     rows: list[tuple[str, ...]] = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
+        if capacity:
+            measured = tuple(capacity_cell(t, n) for n in names)
+        else:
+            throughput = None if attrs.get("pruned") else attrs.get("output_throughput_tok_s")
+            measured = (_number(attrs.get("ttft_p95_ms"), ".0f"), _number(throughput, ".1f"))
         mark = "*" if t.number in front else ""
-        pruned = attrs.get("pruned")
-        status = f"pruned at {pruned['at_requests']}/{pruned['of']}" if pruned else str(attrs.get("failure") or "-")
-        rows.append(
-            (
-                f"{t.number}{mark}",
-                t.state.name,
-                status,
-                _number(attrs.get("ttft_p95_ms"), ".0f"),
-                _number(None if pruned else attrs.get("output_throughput_tok_s"), ".1f"),
-                _repeats(finalists.get(t.number)),
-                _params(t),
-            )
-        )
+        rows.append((f"{t.number}{mark}", t.state.name, _status(attrs), *measured,
+                     _repeats(finalists.get(t.number), metric), _params(t)))  # fmt: skip
     return rows
 
 
-def format_table(rows: list[tuple[str, ...]]) -> str:
-    table = [COLUMNS, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS) - 1)]
+def format_table(rows: list[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS) -> str:
+    table = [columns, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in table]
     return "\n".join(line.rstrip() for line in lines)
 
@@ -70,7 +88,7 @@ def search_effort(study: optuna.Study) -> str:
     screened = sum(1 for a in attrs if a.get("failure") == "screened")
     twins = sum(1 for a in attrs if a.get("duplicate_of") is not None)
     pruned = [a["pruned"] for a in attrs if a.get("pruned")]
-    saved = sum(p["saved_s"] for p in pruned)
+    saved = sum(p.get("saved_s") or 0.0 for p in pruned if isinstance(p, dict))
     return (f"{len(attrs)} trials: {booted} booted an engine, {screened} screened by the memory screen (never "
             f"booted), {twins} told from an earlier trial of the same config (never booted), {len(pruned)} "
             f"pruned (about {saved:.0f} s of workload not driven)")  # fmt: skip
@@ -79,7 +97,10 @@ def search_effort(study: optuna.Study) -> str:
 def trials_table(study: optuna.Study) -> str:
     legend = "* feasible Pareto-optimal"
     verdict = study.user_attrs.get("verdict")
-    lines = [format_table(trial_rows(study)), legend, search_effort(study)]
+    lines = [format_table(trial_rows(study), header(study)), legend]
+    if is_capacity_study(study):
+        lines += [f"SLO {tier.name}: {slo_text(tier)}" for tier in tiers(study)]
+    lines.append(search_effort(study))
     if verdict is not None:
         lines.append(describe_verdict(verdict))
     return "\n".join(lines)

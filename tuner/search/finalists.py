@@ -14,11 +14,13 @@ Finalist repeats: the best configs run again on fresh boots before a winner is d
 After the search, the top ``finalists`` feasible configs (Pareto-optimal first, ranked by the
 deciding metric: goodput under the SLOs where there are SLOs, output throughput otherwise), plus the
 engine default as the reference, each run ``repeats`` more times, every time on a fresh boot. For
-every objective the tuner reports the mean, the 95 % Student-t interval and the coefficient of
-variation. The best config is declared the winner only when its interval on the deciding metric
-lies wholly above the runner-up's; otherwise the verdict is a tie that names both. Results live in
-the study's ``finalists`` and ``verdict`` user attributes (shown by optuna-dashboard, ``tuner
-trials`` and every export). Running them is ``tuner.search.finalists``; this module holds the statistics.
+every objective the tuner reports the mean, the 95 % interval (Student-t on the log scale, from 3
+runs; ``tuner.measure.statistics.interval``) and the coefficient of variation. The best config is
+declared the winner only when its interval on the deciding metric lies wholly above the runner-up's;
+otherwise the verdict is a tie that names both (with fewer than 3 runs, a tie for too few runs).
+Results live in the study's ``finalists`` and ``verdict`` user attributes (shown by
+optuna-dashboard, ``tuner trials`` and every export). Running them is ``tuner.search.finalists``;
+this module holds the statistics.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tuner.measure.trial import TrialContext, TrialResult, run_trial
 from tuner.search import scoring as objectives
 from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
+from tuner.study.verdict import TOO_FEW_RUNS
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
 
@@ -65,7 +68,11 @@ def run_finalists(
     if n > 0:
         study.set_user_attr("finalists", finalists)
     failed = stress_failures(study)
-    verdict = judge([f for f in finalists if f["trial"] not in failed], decider(study))
+    judged = [f for f in finalists if f["trial"] not in failed]
+    keys = deciders(study)
+    verdict = judge(judged, keys[0])
+    if len(keys) > 1:
+        verdict["by_metric"] = {key: judge(judged, key) for key in keys}
     verdict["stress_failed"] = sorted(failed)
     study.set_user_attr("verdict", verdict)
     return verdict
@@ -73,9 +80,16 @@ def run_finalists(
 
 def _runs(trial: optuna.trial.FrozenTrial, n: int, ctx: TrialContext, eager: bool, stress: bool) -> list[TrialResult]:
     config = config_of(trial, eager)
-    runs = [run_trial(trial.number, config, ctx, repeat=i + 1, stress=stress and i == n - 1) for i in range(n)]
+    # A capacity repeat starts at the trial's own capacity, so two steps bracket it, and is never pruned.
+    metrics = trial.user_attrs.get("metrics") or {}
+    own = {
+        tier: float(metrics.get(f"capacity_{tier}_req_s") or 0.0)
+        for tier in (ctx.capacity.scored if ctx.capacity else ())
+    }
+    hint: dict[str, Any] = {"incumbents": own, "prune": False} if ctx.capacity else {}
+    runs = [run_trial(trial.number, config, ctx, repeat=i + 1, stress=stress and i == n - 1, **hint) for i in range(n)]
     if stress and n == 0:
-        runs.append(run_trial(trial.number, config, ctx, repeat=STRESS_ONLY, stress=True))
+        runs.append(run_trial(trial.number, config, ctx, repeat=STRESS_ONLY, stress=True, **hint))
     return runs
 
 
@@ -123,7 +137,9 @@ def _record_checks(
     default = next((c for c in checks.values() if c["config_kind"] == DEFAULT_KIND and c.get("ran")), None)
     default_ttft = default.get("ttft_p95_ms") if default else None
     for number, (trial, run) in checked.items():
-        entry = _judge_one(trial, run, ctx.slo, default_ttft)
+        # A capacity trial met its SLO at its capacity rate, not at the stress run's peak concurrency:
+        # there only survival and a collapse against itself and the default are judged.
+        entry = _judge_one(trial, run, {} if ctx.capacity else ctx.slo, default_ttft)
         if entry["config_kind"] == DEFAULT_KIND and entry["ran"]:
             default_ttft = entry.get("ttft_p95_ms")
         checks[str(number)] = entry
@@ -149,7 +165,7 @@ def _add_failed_check(study: optuna.Study, trial: optuna.trial.FrozenTrial, entr
     attrs = {
         "config_kind": "stress_check", "stress_of": trial.number, "failure": entry["failure"],
         "constraint_violation": 1.0, "engine": trial.user_attrs.get("engine"),
-        "config": trial.user_attrs.get("config"), "argv": trial.user_attrs.get("argv"), "stress": entry,
+        "config": trial.user_attrs.get("config"), "launch": trial.user_attrs.get("launch"), "stress": entry,
     }  # fmt: skip
     study.add_trial(
         optuna.trial.create_trial(
@@ -169,23 +185,39 @@ def _a_tuned_config_passed(study: optuna.Study, chosen: list[optuna.trial.Frozen
 
 
 # ---- from repeats ----
-REPORTED = ("ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "goodput_req_s")
+REPORTED = (
+    "ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "goodput_req_s",
+    "capacity_req_s", "capacity_interactive_req_s", "capacity_relaxed_req_s",
+)  # fmt: skip
+
+
+def deciders(study: optuna.Study) -> list[str]:
+    """The metrics a verdict is on: capacity under each scored tier, else goodput (with SLOs) or throughput."""
+    objective = study.user_attrs.get("objective")
+    if objective == "capacity":
+        return ["capacity_req_s"]
+    if objective == "capacity-pareto":
+        return ["capacity_interactive_req_s", "capacity_relaxed_req_s"]
+    return ["goodput_req_s" if study.user_attrs.get("slo") else "output_throughput_tok_s"]
 
 
 def decider(study: optuna.Study) -> str:
-    return "goodput_req_s" if study.user_attrs.get("slo") else "output_throughput_tok_s"
+    return deciders(study)[0]
 
 
 def pick_finalists(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
-    """The k best feasible tuned configs (Pareto-optimal first), then the engine default."""
-    key = decider(study)
+    """The k best feasible tuned configs by each deciding metric (Pareto-optimal first), then the
+    engine defaults; with two tiers, each tier's best are finalists, since their winners differ."""
     front = {t.number for t in feasible_pareto(study)}
     feasible = feasible_trials(study)
     tuned = [t for t in feasible if t.user_attrs.get("config_kind") != DEFAULT_KIND]
-    chosen = sorted(
-        tuned, key=lambda t: (t.number not in front, -float(t.user_attrs.get("metrics", {}).get(key) or 0.0))
-    )
-    return chosen[:k] + [t for t in feasible if t.user_attrs.get("config_kind") == DEFAULT_KIND]
+    chosen: list[optuna.trial.FrozenTrial] = []
+    for key in deciders(study):
+        ranked = sorted(
+            tuned, key=lambda t: (t.number not in front, -float(t.user_attrs.get("metrics", {}).get(key) or 0.0))
+        )
+        chosen += [t for t in ranked[:k] if t not in chosen]
+    return chosen + [t for t in feasible if t.user_attrs.get("config_kind") == DEFAULT_KIND]
 
 
 def config_of(trial: optuna.trial.FrozenTrial, enforce_eager: bool) -> Config:
@@ -204,8 +236,10 @@ def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
         return {"kind": "none", "metric": key, "trials": []}
     if len(ranked) == 1:
         return {"kind": "sole", "metric": key, "trials": [ranked[0]["trial"]]}
-    best, runner_up = ranked[0], ranked[1]
-    enough = min(best["stats"][key]["n"], runner_up["stats"][key]["n"]) >= 2  # one run has no interval
-    separated = enough and best["stats"][key]["low"] > runner_up["stats"][key]["high"]
+    best, runner_up = ranked[0]["stats"][key], ranked[1]["stats"][key]
+    if best.get("low") is None or runner_up.get("low") is None:  # too few runs: no interval to separate
+        return {"kind": "tie", "metric": key, "trials": [ranked[0]["trial"], ranked[1]["trial"]],
+                "reason": TOO_FEW_RUNS}  # fmt: skip
+    separated = best["low"] > runner_up["high"]
     return {"kind": "winner" if separated else "tie", "metric": key,
-            "trials": [best["trial"]] if separated else [best["trial"], runner_up["trial"]]}  # fmt: skip
+            "trials": [ranked[0]["trial"]] if separated else [ranked[0]["trial"], ranked[1]["trial"]]}  # fmt: skip

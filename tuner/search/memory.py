@@ -21,7 +21,7 @@ KV cache falls short by more than half, so it rarely stops a config that would h
 
 What an engine's own log says about memory, and the observations that calibrate the screen.
 
-Lines read (vLLM 0.26-0.33, CPU and GPU builds; SGLang 0.5.17 and 0.5.23; see tests/data/captures):
+Lines read (vLLM 0.26 and 0.32, CPU and GPU builds; SGLang 0.5.17 and 0.5.23; see tests/data/captures):
 
 * vLLM: "CPU|GPU KV cache size: N tokens", "Available KV cache memory: X GiB", "Model loading took
   W GiB", and on failure "the estimated maximum model length is L" (the tokens that would have fit);

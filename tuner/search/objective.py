@@ -23,16 +23,18 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
 
 from tuner.engines.base import Config
 from tuner.errors import ConfigError
+from tuner.measure.process import head
 from tuner.measure.statistics import trial_intervals
 from tuner.measure.trial import TrialContext, TrialResult, WatchFactory, run_trial
 from tuner.search.grid import grid_points
-from tuner.search.memory import estimate, observations
+from tuner.search.memory import estimate, observations, parse_facts
 from tuner.search.pruning import FrontWatch, checkpoints
 from tuner.search.rejections import REJECTED, rejected_like
 from tuner.search.scoring import values, violation
@@ -147,18 +149,39 @@ class SearchObjective:
         trial raises ``optuna.TrialPruned`` once recorded."""
         self.boots += 1
         trial.set_user_attr("booted", True)
-        watch = None if prepared.is_default or not self.prune else self._watch()
-        result = self._run(trial.number, prepared.config, watch, ctx or self.ctx)
+        capacity = (ctx or self.ctx).capacity is not None
+        watch = None if prepared.is_default or not self.prune or capacity else self._watch()
+        extra: dict[str, Any] = {}
+        if capacity:  # start near the best so far; the engine default is measured whole, never pruned
+            extra = {"incumbents": self._incumbents(), "prune": self.prune and not prepared.is_default}
+        result = self._run(trial.number, prepared.config, watch, ctx or self.ctx, **extra)
         result.memory_estimate = prepared.estimate
+        if not result.memory_facts and result.log_path and Path(result.log_path).exists():
+            result.memory_facts = parse_facts(head(Path(result.log_path)))
         values = record(trial, result, self.objective, self.ctx.slo)
         if result.pruned is not None:
             raise optuna.TrialPruned(f"pruned after {result.pruned['at_requests']} requests")
         return values
 
-    def _run(self, number: int, config: Config, watch: WatchFactory | None, ctx: TrialContext) -> TrialResult:
+    def _run(
+        self, number: int, config: Config, watch: WatchFactory | None, ctx: TrialContext, **extra: Any
+    ) -> TrialResult:
         if self.runner is None:
-            return run_trial(number, config, ctx, watch=watch)
-        return self.runner(number, config, ctx, watch=watch)
+            return run_trial(number, config, ctx, watch=watch, **extra)
+        return self.runner(number, config, ctx, watch=watch, **extra)
+
+    def _incumbents(self) -> dict[str, float]:
+        """Each scored tier's best capacity among the feasible trials so far."""
+        best: dict[str, float] = {}
+        plan = self.ctx.capacity
+        if plan is None:
+            return best
+        for t in feasible_trials(self.study):
+            for tier in plan.scored:
+                value = (t.user_attrs.get("metrics") or {}).get(f"capacity_{tier}_req_s")
+                if isinstance(value, int | float) and value > best.get(tier, 0.0):
+                    best[tier] = float(value)
+        return best
 
     def _watch(self) -> WatchFactory:
         references = {t.number: t.user_attrs["checkpoints"] for t in feasible_trials(self.study)
@@ -199,7 +222,7 @@ def record(
         "output_throughput_tok_s": result.output_throughput_tok_s,
         "failure": result.failure,
         "constraint_violation": violation(result, objective, slo),
-        "argv": list(result.launch.argv),
+        "launch": result.launch.stored(),  # python, module, args, host, port, env: what exports read
         "engine": result.config.engine,
         "engine_version": result.engine_version,
         "config": dict(result.config.params),
@@ -220,6 +243,7 @@ def record(
         "pruned": result.pruned,
         "memory_estimate": result.memory_estimate,
         "memory_facts": result.memory_facts,
+        **capacity_attrs(result),
     }
     for key, value in attrs.items():
         trial.set_user_attr(key, json.loads(json.dumps(value)))
@@ -230,3 +254,18 @@ def record(
 def _finite(value: float) -> float | None:
     """JSON (and so the RDB storage) has no NaN or inf: store None instead."""
     return value if math.isfinite(value) else None
+
+
+def capacity_attrs(result: TrialResult) -> dict[str, Any]:
+    """A capacity trial's figures as flat attributes (``tuner trials`` and the dashboard show them) and
+    its whole search (every tier's curve) as ``capacity``; nothing for the older objectives."""
+    if result.capacity is None:
+        return {}
+    tiers = result.capacity["tiers"]
+    first = result.capacity["objective_tier"]
+    return {
+        "capacity": result.capacity,
+        "capacity_req_s": tiers[first]["capacity_req_s"],
+        "slo": {"tier": first, **tiers[first]["slo"], "attainment": tiers[first]["target"]},
+        **{f"capacity_{tier}_req_s": searched["capacity_req_s"] for tier, searched in tiers.items()},
+    }

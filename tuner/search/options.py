@@ -33,8 +33,12 @@ class SearchOptions:
     burstiness: float | None = None
     log_dir: Path = Path("studies/logs")
     boot_deadline_s: float = 300.0
-    objective: str = "pareto"
-    slo: dict[str, float] | None = None  # None: the workload preset's default SLOs
+    objective: str = "capacity"
+    slo: dict[str, float] | None = None  # None: the workload preset's default SLOs (capacity: the scored tier's)
+    slo_tiers: dict[str, dict[str, float]] = field(default_factory=dict)  # --slo TIER:...: a capacity tier's SLO
+    tier: str = "interactive"  # --objective capacity scores this tier
+    attainment: float = 0.9  # the share of requests that must meet the SLO at a capacity
+    resolution: float = 0.10  # the capacity search's relative precision
     sampler: str = "tpe"
     screen: bool = True  # the pre-boot memory screen (tuner.search.memory)
     prune: bool = True  # stop trials clearly worse than the feasible ones so far (tuner.search.pruning)

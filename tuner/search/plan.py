@@ -2,7 +2,7 @@
 
 It works for every engine on any machine (SGLang on a machine without a GPU included): where an
 engine's environment is missing, the argv names plain ``python3`` and the newest version the
-adapter supports, and the device is taken to be a GPU.
+adapter supports, and the device is taken to be a GPU. The port is the engine's default one.
 """
 
 from __future__ import annotations
@@ -63,14 +63,15 @@ def plan(
         device = PLANNED_GPU
         if env is not None and env.is_cpu_build:
             device = Device("cpu", env.distribution, space.static.cpu_memory_budget_mib * 2**20)
-        launch = adapter.launch(config, spec, device, 8000, env.python if env else "python3", version)
+        python = env.python if env else "python3"
+        launch = adapter.launch(config, spec, device, adapter.default_port, python, version)
         rows.append(
             {
                 "engine": config.engine,
                 "engine_version": version,
                 "params": dict(config.params),
                 "argv": list(launch.argv),
-                "env": dict(launch.env),
+                "env": launch.run_env,
             }
         )
         study.tell(trial, 0.0)

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tuner.engines import ADAPTERS, models
 from tuner.engines.base import Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe
 from tuner.errors import ConfigError
+from tuner.measure.capacity import check_slo
+from tuner.measure.goodput import parse_slo
+from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.telemetry import gpu_device, gpu_visible
 from tuner.progress import Progress
 from tuner.search.options import SearchOptions
+from tuner.search.scoring import is_capacity
 from tuner.search.space import Space
 from tuner.workloads import source, workload_for_model
-from tuner.workloads.base import Workload
+from tuner.workloads.base import TIER_NAMES, Slo, Workload
 from tuner.workloads.trace import Trace
 
 
@@ -89,6 +96,7 @@ def study_attrs(
     model: ModelSpec,
     workload: Workload,
     slo: dict[str, float],
+    capacity: CapacityPlan | None = None,
 ) -> dict[str, object]:
     return {
         "workload": workload.name,
@@ -100,6 +108,7 @@ def study_attrs(
         "space": space.model_dump(),
         "objective": opts.objective,
         "slo": slo,
+        "capacity_plan": None if capacity is None else capacity_attrs(capacity),
         # what a worker joining from another host needs to rebuild the very same workload and models
         "options": {
             "workload": opts.workload, "seed": opts.seed, "requests": opts.requests,
@@ -107,3 +116,82 @@ def study_attrs(
             "model": opts.model, "drafts": list(opts.drafts), "engines": list(engines),
         },
     }  # fmt: skip
+
+
+TIERED_SLO = re.compile(r"^\s*(?P<tier>[a-z]+)\s*:(?P<bounds>.*)$")
+
+
+def parse_slo_flags(texts: Sequence[str]) -> tuple[dict[str, float] | None, dict[str, dict[str, float]]]:
+    """``--slo`` values: ``KEY=MS,...`` (one SLO) or ``TIER:KEY=MS,...`` (a capacity tier's); repeatable."""
+    plain: dict[str, float] | None = None
+    tiers: dict[str, dict[str, float]] = {}
+    for text in texts:
+        match = TIERED_SLO.match(text)
+        if match is None:
+            plain = {**(plain or {}), **parse_slo(text)}
+            continue
+        tier = match["tier"]
+        if tier not in TIER_NAMES:
+            raise ConfigError(f"--slo {text!r}: unknown tier {tier!r}; the tiers are {', '.join(TIER_NAMES)}")
+        tiers[tier] = {**tiers.get(tier, {}), **parse_slo(match["bounds"])}
+    return plain, tiers
+
+
+def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> CapacityPlan | None:
+    """The capacity search every trial runs (None for the older objectives): the preset's tiers for
+    this device, ``--slo`` over them, the step sizes for this device, resolved once here."""
+    if not is_capacity(opts.objective):
+        return None
+    if opts.tier not in TIER_NAMES:
+        raise ConfigError(f"--tier {opts.tier!r}: expected one of {', '.join(TIER_NAMES)}")
+    scored = (opts.tier,) if opts.objective == "capacity" else TIER_NAMES
+    tiers = {name: _bounds(slo) for name, slo in workload.tiers.for_device(device.kind).items()}
+    tiers.update(opts.slo_tiers)
+    if opts.slo is not None:
+        if opts.objective != "capacity":
+            raise ConfigError("--objective capacity-pareto scores two tiers: name each, --slo interactive:KEY=MS,...")
+        tiers[opts.tier] = dict(opts.slo)
+    for name in scored:
+        if not tiers.get(name):
+            raise ConfigError(
+                f"--objective {opts.objective} needs the {name} tier's SLO and workload {workload.name!r} has none: "
+                f"give --slo {name}:ttft_p95_ms=...,tpot_p95_ms=..."
+            )
+        check_reachable(name, check_slo(tiers[name]))
+    steps = CPU_STEPS if device.kind == "cpu" else GPU_STEPS
+    burstiness = opts.burstiness or (workload.arrival.burstiness if workload.arrival.rate is not None else 1.0)
+    return CapacityPlan(
+        tiers={name: tiers[name] for name in TIER_NAMES if name in tiers}, scored=tuple(scored),
+        target=opts.attainment, resolution=opts.resolution, burstiness=burstiness, seed=opts.seed, **steps,
+    )  # fmt: skip
+
+
+# Step sizes per device. On the CPU build a boot costs a minute and a request seconds, so steps are
+# short and the search starts low; on a GPU a step needs enough requests for a p95 of its own.
+CPU_STEPS: dict[str, Any] = {"start_rate": 0.5, "min_step_s": 6.0, "min_requests": 10, "max_steps": 6}
+GPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10}
+MIN_TTFT_MS = 1.0  # no server answers over HTTP within a millisecond
+
+
+def check_reachable(tier: str, slo: Mapping[str, float]) -> None:
+    """Refuse bounds no request could meet, before anything boots."""
+    ttft, e2e = slo.get("ttft_p95_ms"), slo.get("e2e_p95_ms")
+    if ttft is not None and ttft < MIN_TTFT_MS:
+        raise ConfigError(f"--slo {tier}: ttft_p95_ms={ttft:g} is below {MIN_TTFT_MS:g} ms: no request could meet it")
+    if ttft is not None and e2e is not None and e2e <= ttft:
+        raise ConfigError(
+            f"--slo {tier}: e2e_p95_ms={e2e:g} is not above ttft_p95_ms={ttft:g}: a request ends after its first token"
+        )
+
+
+def _bounds(slo: Slo) -> dict[str, float]:
+    return {key: float(value) for key, value in slo.as_dict().items() if value is not None}
+
+
+def capacity_attrs(plan: CapacityPlan) -> dict[str, Any]:
+    """The plan as the study stores it: what every trial's capacity means, and what a worker reuses."""
+    return {
+        **dataclasses.asdict(plan),
+        "tiers": {k: dict(v) for k, v in plan.tiers.items()},
+        "scored": list(plan.scored),
+    }

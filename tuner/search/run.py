@@ -19,6 +19,7 @@ from tuner.engines.base import Device
 from tuner.errors import ConfigError, StorageError
 from tuner.fleet.loop import Budget, Reservation, Slot, heartbeat_storage, reclaim, run_slots, sole_process
 from tuner.fleet.placement import slot_busy, slots, visible_gpus
+from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.telemetry import gpu_free_bytes
 from tuner.measure.trial import TrialContext
 from tuner.naming import safe_name
@@ -29,6 +30,7 @@ from tuner.search.grid import grid_points, shuffled
 from tuner.search.objective import SearchObjective
 from tuner.search.options import Plan, SearchOptions, plan_of
 from tuner.search.resolve import (
+    capacity_plan,
     detect_device,
     preset_slo,
     resolve_engines,
@@ -43,6 +45,7 @@ from tuner.study.attrs import bind_study_attrs, enqueue_defaults
 from tuner.study.storage import open_study, storage_url
 from tuner.study.verdict import describe_verdict
 from tuner.workloads import source
+from tuner.workloads.base import Workload
 
 __all__ = [
     "Plan", "SearchOptions", "detect_device", "plan_of", "preset_slo", "resolve_engines", "resolve_models",
@@ -106,8 +109,12 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
     check_parallel(space, opts, device)
     model = resolve_models(opts, space, first_env)
     workload = resolve_workload(opts, model, given)
-    slo = opts.slo if opts.slo is not None else preset_slo(workload)
-    check_objective(opts.objective, slo)
+    capacity = capacity_plan(opts, workload, device)
+    if capacity is not None:
+        slo = dict(capacity.tiers[capacity.scored[0]])  # what the stress check and goodput judge against
+    else:
+        slo = opts.slo if opts.slo is not None else preset_slo(workload)
+        check_objective(opts.objective, slo)
     name = opts.study or f"{workload.name}-{'-'.join(engines)}"
     url = storage_url(name, opts.storage)
     if opts.worker and url.startswith("sqlite"):
@@ -115,7 +122,7 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
     with sole_process(url, name):
         study = open_for(opts, name, url)
         check_space_fits(study, space, list(engines), list(model.drafts))  # before any attr or trial is written
-        bind_study_attrs(study, study_attrs(opts, space, engines, device, model, workload, slo))
+        bind_study_attrs(study, study_attrs(opts, space, engines, device, model, workload, slo, capacity))
         if url.startswith("sqlite") and (lost := reclaim(study)):
             progress.line(f"{lost} trial(s) left running by an earlier run that stopped: marked FAIL and queued again")
         lock = Reservation(url, name)
@@ -124,10 +131,12 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
             if opts.sampler == "grid":
                 enqueue_grid(study, space, list(engines), list(model.drafts), opts.seed)
         log_dir = opts.log_dir.resolve() / safe_name(name)
-        ctx = TrialContext(engines, model, device, workload, log_dir, progress, opts.boot_deadline_s, slo)
+        ctx = TrialContext(
+            engines, model, device, workload, log_dir, progress, opts.boot_deadline_s, slo, None, capacity
+        )
         progress.line(
             f"study {name!r}: {plan.trials} booted trials in all, then {plan.finalists} finalists x {plan.repeats} "
-            f"repeats, on {device.name}; workload {workload.name} ({workload.description})"
+            f"repeats, on {device.name}; workload {workload.name} ({_described(workload, capacity)})"
         )
         objective = SearchObjective(study, space, ctx, opts.objective, opts.screen, opts.prune,
                                     free_memory=free_memory(device, (opts.gpus or [0])[0]))  # fmt: skip
@@ -164,3 +173,15 @@ def check_parallel(space: Space, opts: SearchOptions, device: Device) -> None:
         raise ConfigError("tensor_parallel above 1 needs GPUs: the CPU build runs one engine process")
     if widest > opts.gpus_per_trial:
         raise ConfigError(f"tensor_parallel choices go up to {widest}: give --gpus-per-trial {widest} (and --gpus)")
+
+
+def _described(workload: Workload, capacity: CapacityPlan | None) -> str:
+    """The workload, and what a trial does with it: one drive, or a capacity search per scored tier."""
+    if capacity is None:
+        return workload.description
+    drafted = workload.description.split("; ")[0]
+    tiers = "; ".join(
+        f"{tier} tier " + ", ".join(f"{k} <= {v:g}" for k, v in capacity.tiers[tier].items())
+        for tier in capacity.scored
+    )
+    return f"{drafted}; capacity at {capacity.target:.0%} attainment of the {tiers}"

@@ -1,5 +1,9 @@
 """What a study optimises (``--objective``), and a trial's values and constraint under it.
 
+* ``capacity`` (default): the highest request rate the config carries while the target share of
+  requests meets one SLO tier (``--tier``, default interactive); see ``tuner.measure.capacity``.
+* ``capacity-pareto``: capacity under the interactive tier against capacity under the relaxed
+  tier, both maximised, since the two tiers' winners differ.
 * ``pareto``: TTFT p95 in ms (minimise) against output throughput in tokens/s (maximise).
 * ``goodput``: requests per second that met every SLO (maximise); see ``tuner.measure.goodput``.
 * ``throughput``: output throughput (maximise) subject to the SLOs: a trial whose p95 TTFT, TPOT
@@ -22,6 +26,8 @@ from tuner.measure.trial import MAX_ERROR_RATE, TrialResult
 
 MIN, MAX = StudyDirection.MINIMIZE, StudyDirection.MAXIMIZE
 OBJECTIVES: dict[str, tuple[tuple[str, StudyDirection], ...]] = {
+    "capacity": (("capacity_req_s", MAX),),
+    "capacity-pareto": (("capacity_interactive_req_s", MAX), ("capacity_relaxed_req_s", MAX)),
     "pareto": (("ttft_p95_ms", MIN), ("output_throughput_tok_s", MAX)),
     "goodput": (("goodput_req_s", MAX),),
     "throughput": (("output_throughput_tok_s", MAX),),
@@ -29,6 +35,13 @@ OBJECTIVES: dict[str, tuple[tuple[str, StudyDirection], ...]] = {
 
 
 DIRECTIONS = [d for _, d in OBJECTIVES["pareto"]]  # TTFT p95 (minimise), output throughput (maximise)
+
+
+CAPACITY_OBJECTIVES = ("capacity", "capacity-pareto")
+
+
+def is_capacity(objective: str) -> bool:
+    return objective in CAPACITY_OBJECTIVES
 
 
 def check_objective(objective: str, slo: Mapping[str, float]) -> None:

@@ -112,6 +112,41 @@ class PositiveChoices(_Strict):
         return choices
 
 
+Range = tuple[StrictInt, StrictInt, StrictInt]  # first batch size, last batch size (inclusive), K
+
+
+class ScheduleChoices(_Strict):
+    """vLLM's speculative K by batch size (``num_speculative_tokens_per_batch_size``), as named choices.
+
+    Each schedule is a list of ``[first, last, K]`` ranges, or null for a fixed K. The tuner never
+    infers a schedule: it measures the ones listed. The rules are vLLM's own, checked here so a bad
+    schedule is refused before anything boots: ranges start at batch size 1, each range's first is
+    not above its last, K is at least 0, and no two ranges overlap. vLLM caps each K at the trial's
+    ``num_speculative_tokens``.
+    """
+
+    choices: dict[str, list[Range] | None] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _valid(cls, choices: dict[str, list[Range] | None]) -> dict[str, list[Range] | None]:
+        for name, ranges in choices.items():
+            if ranges is None:
+                continue
+            if not ranges:
+                raise ValueError(f"schedule {name!r} is empty: give ranges, or null for a fixed K")
+            ordered = sorted(ranges)
+            if ordered[0][0] != 1:
+                raise ValueError(f"schedule {name!r} must start at batch size 1, so every batch has a K")
+            for first, last, k in ordered:
+                if first < 1 or last < first or k < 0:
+                    raise ValueError(f"schedule {name!r}: range {[first, last, k]} needs 1 <= first <= last and K >= 0")
+            for (_, last, _), (first, _, _) in zip(ordered, ordered[1:], strict=False):
+                if first <= last:
+                    raise ValueError(f"schedule {name!r}: ranges overlap at batch size {first}")
+        return choices
+
+
 class Parameters(_Strict):
     chunk_size: PositiveChoices | None = None
     max_num_seqs: PositiveChoices | None = None
@@ -119,6 +154,7 @@ class Parameters(_Strict):
     num_speculative_tokens: IntRange | CountChoices | None = None
     draft_model: Choices | None = None  # names; left out: every draft the model spec offers
     tensor_parallel: PositiveChoices | None = None  # GPUs per engine, at most --gpus-per-trial
+    spec_schedule: ScheduleChoices | None = None  # vLLM only: K by batch size, when speculating
 
 
 class Static(_Strict):
@@ -148,9 +184,11 @@ def load_space(path: Path | None = None) -> Space:
     """Read and validate a search-space file; every problem is a ConfigError naming the key."""
     where = path or DEFAULT_SPACE
     try:
-        raw = yaml.safe_load(where.read_text())
+        raw = yaml.safe_load(where.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not a text file (no UTF-8 at byte {exc.start}); a search space is YAML") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     if not isinstance(raw, dict):
@@ -187,6 +225,8 @@ def distributions(space: Space, engines: Sequence[str], drafts: Sequence[str]) -
             CategoricalDistribution(ks.choices) if isinstance(ks, CountChoices) else IntDistribution(ks.low, ks.high)
         )
         out[name("draft_model")] = CategoricalDistribution(draft_choices)
+        if engine == "vllm" and p.spec_schedule is not None:
+            out[name("spec_schedule")] = CategoricalDistribution(list(p.spec_schedule.choices))
     return out
 
 
@@ -208,6 +248,11 @@ def suggest(
     if params.get("num_speculative_tokens"):
         params["num_speculative_tokens"] = int(params["num_speculative_tokens"])
         params["draft_model"] = _draw(trial, name("draft_model"), dists[name("draft_model")])
+        if name("spec_schedule") in dists and space.parameters.spec_schedule is not None:
+            chosen = str(_draw(trial, name("spec_schedule"), dists[name("spec_schedule")]))
+            ranges = space.parameters.spec_schedule.choices[chosen]
+            if ranges is not None:  # a fixed K is no parameter at all: the engine's own behaviour
+                params["spec_schedule"] = [list(r) for r in ranges]
     return Config(engine=engine, params=params, enforce_eager=eager)
 
 

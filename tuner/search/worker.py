@@ -41,8 +41,17 @@ def fill_from_study(args: argparse.Namespace) -> None:
         args.drafts = list(known.get("drafts") or [])
     if args.objective is None:
         args.objective = attrs.get("objective", "pareto")
-    if args.slo is None and attrs.get("slo"):
-        args.slo = ",".join(f"{k}={v:g}" for k, v in attrs["slo"].items())
+    plan = attrs.get("capacity_plan") or {}
+    if args.tier is None:
+        args.tier = (plan.get("scored") or ["interactive"])[0]
+    if args.attainment is None:
+        args.attainment = plan.get("target", 0.9)
+    if args.resolution is None:
+        args.resolution = plan.get("resolution", 0.10)
+    if args.slo is None and plan.get("tiers"):
+        args.slo = [f"{tier}:" + ",".join(f"{k}={v:g}" for k, v in slo.items()) for tier, slo in plan["tiers"].items()]
+    elif args.slo is None and attrs.get("slo"):
+        args.slo = [",".join(f"{k}={v:g}" for k, v in attrs["slo"].items())]
     if args.space is None and attrs.get("space"):
         args.space_dump = attrs["space"]
     if args.workload is None:

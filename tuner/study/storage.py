@@ -36,7 +36,7 @@ import sqlalchemy.exc
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 
-from tuner.errors import StorageError
+from tuner.errors import ConfigError, MissingStudyError, StorageError
 from tuner.naming import safe_name
 
 PATIENCE_S = 300.0  # a database restart or fail-over takes seconds to a minute; a study runs for hours
@@ -178,14 +178,49 @@ def resilient(storage: str | BaseStorage, patience_s: float | None = None) -> Re
     return RetryingStorage(storage, where, patience_s)  # type: ignore[abstract]
 
 
-def storage_url(study_name: str, given: str | None) -> str:
+def storage_url(study_name: str, given: str | None, reading: bool = False) -> str:
     """``--storage``, else ``$TUNER_STORAGE``, else SQLite under ``studies/``, in a file named after
-    the study that cannot leave that folder (``--study ../x`` is ``studies/_x.db``)."""
-    url = given or os.environ.get("TUNER_STORAGE")
+    the study that cannot leave that folder (``--study ../x`` is ``studies/_x.db``). A URL of a kind
+    no database has is a ConfigError; ``reading`` (a command that only reads) makes no folder."""
+    url = given_url(given)
     if url:
         return url
-    Path("studies").mkdir(exist_ok=True)
+    if not reading:
+        Path("studies").mkdir(exist_ok=True)
     return f"sqlite:///studies/{safe_name(study_name)}.db"
+
+
+def given_url(given: str | None) -> str | None:
+    """``--storage``, else ``$TUNER_STORAGE``, checked (``database_url``); None when neither is set."""
+    url = given or os.environ.get("TUNER_STORAGE")
+    if url:
+        database_url(url)
+    return url or None
+
+
+def database_url(url: str) -> sqlalchemy.engine.URL:
+    """``url`` parsed, when SQLAlchemy has a dialect for its scheme; otherwise a ConfigError (exit 2)."""
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+        parsed.get_dialect()  # the dialect only: a missing driver is the environment's fault, met on opening
+    except (sqlalchemy.exc.ArgumentError, ValueError) as exc:
+        raise ConfigError(
+            f"storage URL {redacted(url)}: not a database URL ({_first_line(exc)}); "
+            "expected e.g. sqlite:///studies/NAME.db or postgresql://user@host/db"
+        ) from exc
+    return parsed
+
+
+def existing_storage(url: str, name: str | None = None) -> str:
+    """``url`` for a command that only reads: opening a SQLite file that is not there would create
+    an empty database, so its absence is a ``MissingStudyError`` instead."""
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        where = parsed.database or ""
+        if where in ("", ":memory:") or not Path(where).is_file():
+            study = f"no study named {name!r}: " if name else ""
+            raise MissingStudyError(f"{study}no study storage at {redacted(url)}")
+    return url
 
 
 def open_study(
@@ -217,6 +252,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """The storage at ``url`` for reading (the dashboard): it must be there already."""
+    existing_storage(url)
     try:
         return optuna.storages.get_storage(url)
     except _OPEN_ERRORS as exc:
@@ -224,9 +261,10 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 
 
 def load_existing(name: str, storage: str) -> optuna.Study:
+    """The study ``name`` as it is; never creates a storage (``existing_storage``)."""
     try:
-        return optuna.load_study(study_name=name, storage=resilient(storage))
+        return optuna.load_study(study_name=name, storage=resilient(existing_storage(storage, name)))
     except KeyError as exc:
-        raise StorageError(f"no study named {name!r} in {redacted(storage)}") from exc
+        raise MissingStudyError(f"no study named {name!r} in {redacted(storage)}") from exc
     except _OPEN_ERRORS as exc:
         raise StorageError(f"cannot open {redacted(storage)}: {_first_line(exc)}") from exc

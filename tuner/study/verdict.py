@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+# What stands for a 95 % interval over repeats too few to give one (``tuner.measure.statistics.interval``).
+TOO_FEW_RUNS = "too few runs for an interval"
+
+
+def interval_text(stats: Mapping[str, Any], fmt: str = ".1f") -> str:
+    """A finalist's ``mean [low, high]`` over its repeats, or its mean and why there is no interval."""
+    mean = format(stats["mean"], fmt)
+    if stats.get("low") is None or stats.get("high") is None:
+        return f"{mean} ({TOO_FEW_RUNS})"
+    return f"{mean} [{format(stats['low'], fmt)}, {format(stats['high'], fmt)}]"
 
 
 def describe_verdict(verdict: dict[str, Any]) -> str:
@@ -18,5 +30,6 @@ def _verdict_text(verdict: dict[str, Any]) -> str:
     if verdict["kind"] == "sole":
         return f"verdict: trial {trials} is the only finalist that served all its repeats; nothing to compare"
     if verdict["kind"] == "tie":
-        return f"verdict: tie on {verdict['metric']} between trials {trials} (their 95 % intervals overlap)"
+        why = verdict.get("reason") or "their 95 % intervals overlap"
+        return f"verdict: tie on {verdict['metric']} between trials {trials} ({why})"
     return "verdict: no finalist served all its repeats"

@@ -79,7 +79,7 @@ def build_workload(
         raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
     arrival = override(preset.arrival, concurrency, rate, burstiness)
     drafted = preset.make(tokenizer, seed, n_requests or default_requests(arrival), max_model_len, n_warmup)
-    return assemble(preset.name, seed, drafted, arrival, preset.slo)
+    return assemble(preset.name, seed, drafted, arrival, preset.slo, preset.tiers)
 
 
 def workload_for_model(

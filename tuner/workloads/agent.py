@@ -33,7 +33,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tuner.workloads.arrivals import Arrival
-from tuner.workloads.base import CHAT_ENDPOINT, Request, Slo, corpus_words, count_tokens
+from tuner.workloads.base import CHAT_ENDPOINT, Request, Slo, Tiers, corpus_words, count_tokens
 from tuner.workloads.chat_format import render_chat, render_follow_up
 from tuner.workloads.lengths import Fitter, context_scale, excerpt
 from tuner.workloads.preset import Drafted, Preset, split_count
@@ -142,4 +142,8 @@ def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, 
     return Drafted(requests, warmup, description)
 
 
-PRESET = Preset("agent", Arrival(concurrency=4), PRESET_SLO, _make)
+TIERS = Tiers(
+    gpu={"interactive": Slo(ttft_p95_ms=500, tpot_p95_ms=10), "relaxed": Slo(ttft_p95_ms=2000, tpot_p95_ms=40)},
+    cpu={"interactive": Slo(ttft_p95_ms=1500, tpot_p95_ms=60), "relaxed": Slo(ttft_p95_ms=5000, tpot_p95_ms=150)},
+)
+PRESET = Preset("agent", Arrival(concurrency=4), PRESET_SLO, _make, TIERS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -84,6 +85,25 @@ class Slo:
         return [("TTFT p95", self.ttft_p95_ms), ("TPOT p95", self.tpot_p95_ms), ("E2E p95", self.e2e_p95_ms)]
 
 
+TIER_NAMES = ("interactive", "relaxed")
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """A preset's two SLO tiers for capacity: ``interactive`` (strict TTFT and TPOT) and ``relaxed``.
+
+    Each tier holds for one kind of device: ``gpu`` for a real model on a GPU, ``cpu`` for the
+    generated model on the CPU build, which is far slower per token, so a GPU tier would refuse every
+    request there. The values are chosen for the preset's use, not measured.
+    """
+
+    gpu: Mapping[str, Slo] = field(default_factory=dict)
+    cpu: Mapping[str, Slo] = field(default_factory=dict)
+
+    def for_device(self, kind: str) -> dict[str, Slo]:
+        return dict(self.cpu if kind == "cpu" else self.gpu)
+
+
 @dataclass(frozen=True)
 class Workload:
     """The requests of one trial: ``warmup`` is sent first and discarded, then ``requests``.
@@ -100,6 +120,7 @@ class Workload:
     description: str
     arrival: Arrival = field(default_factory=Arrival)
     slo: Slo = field(default_factory=Slo)
+    tiers: Tiers = field(default_factory=Tiers)  # capacity's SLO tiers; not part of the digest
 
     def digest(self) -> str:
         """Sha256 hex of the canonical JSON of what the server sees; equal inputs, equal digest."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from tokenizers import Tokenizer
 
 from tuner.workloads.arrivals import Arrival, in_flight_cap, release_times
-from tuner.workloads.base import Request, Slo, Workload
+from tuner.workloads.base import Request, Slo, Tiers, Workload
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,12 @@ class Preset:
     slo: Slo
     # make(tokenizer, seed, n_requests, max_model_len, n_warmup)
     make: Callable[[Tokenizer, int, int, int, int], Drafted]
+    tiers: Tiers = Tiers()  # the capacity objective's SLO tiers
 
 
-def assemble(name: str, seed: int, drafted: Drafted, arrival: Arrival, slo: Slo) -> Workload:
+def assemble(
+    name: str, seed: int, drafted: Drafted, arrival: Arrival, slo: Slo, tiers: Tiers | None = None
+) -> Workload:
     """The workload a trial drives: ``drafted`` released as ``arrival`` says."""
     requests = _released(drafted.requests, arrival, seed)
     n_units = len({r.session_id or r.request_id for r in requests})
@@ -48,6 +51,7 @@ def assemble(name: str, seed: int, drafted: Drafted, arrival: Arrival, slo: Slo)
         description=f"{drafted.description}; {arrival.describe()}",
         arrival=arrival,
         slo=slo,
+        tiers=tiers or Tiers(),
     )
 
 

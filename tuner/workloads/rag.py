@@ -33,7 +33,7 @@ from itertools import accumulate
 from tokenizers import Tokenizer
 
 from tuner.workloads.arrivals import Arrival
-from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Slo, load_corpus
+from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Slo, Tiers, load_corpus
 from tuner.workloads.lengths import TOLERANCE_TOKENS, Fit, Fitter, context_scale
 from tuner.workloads.preset import Drafted, Preset
 
@@ -152,4 +152,10 @@ def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, 
     return Drafted(requests, warmup, description)
 
 
-PRESET = Preset("rag", Arrival(concurrency=4), PRESET_SLO, _make)
+# Interactive: the first token within a blink and reading speed well above a reader's; relaxed: a
+# chat answer that starts within a second. On the CPU build, scaled to the generated model's speed.
+TIERS = Tiers(
+    gpu={"interactive": Slo(ttft_p95_ms=200, tpot_p95_ms=6), "relaxed": Slo(ttft_p95_ms=1000, tpot_p95_ms=20)},
+    cpu={"interactive": Slo(ttft_p95_ms=1000, tpot_p95_ms=60), "relaxed": Slo(ttft_p95_ms=4000, tpot_p95_ms=150)},
+)
+PRESET = Preset("rag", Arrival(concurrency=4), PRESET_SLO, _make, TIERS)

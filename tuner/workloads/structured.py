@@ -22,7 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tuner.workloads.arrivals import Arrival
-from tuner.workloads.base import CHAT_ENDPOINT, Request, Slo, corpus_words
+from tuner.workloads.base import CHAT_ENDPOINT, Request, Slo, Tiers, corpus_words
 from tuner.workloads.chat_format import render_chat
 from tuner.workloads.lengths import Fitter, context_scale, excerpt
 from tuner.workloads.preset import Drafted, Preset
@@ -72,4 +72,8 @@ def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, 
     return Drafted(requests, warmup, description)
 
 
-PRESET = Preset("json", Arrival(rate=0.5, burstiness=0.5, concurrency=None), PRESET_SLO, _make)
+TIERS = Tiers(
+    gpu={"interactive": Slo(ttft_p95_ms=300, tpot_p95_ms=10), "relaxed": Slo(ttft_p95_ms=1500, tpot_p95_ms=40)},
+    cpu={"interactive": Slo(ttft_p95_ms=1000, tpot_p95_ms=60), "relaxed": Slo(ttft_p95_ms=4000, tpot_p95_ms=150)},
+)
+PRESET = Preset("json", Arrival(rate=0.5, burstiness=0.5, concurrency=None), PRESET_SLO, _make, TIERS)

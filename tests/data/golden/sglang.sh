@@ -13,7 +13,7 @@
 set -euo pipefail
 ENGINE_PYTHON=${ENGINE_PYTHON:-/envs/sglang/bin/python}
 HOST=${HOST:-127.0.0.1}
-PORT=${PORT:-8000}
+PORT=${PORT:-30000}
 exec "$ENGINE_PYTHON" -m sglang.launch_server \
   --model-path \
   '/models/my '"'"'target'"'"'' \

@@ -142,14 +142,15 @@ def test_search_without_engine_environment_fails_fast(capsys: pytest.CaptureFixt
 
 def test_trials_of_a_missing_study(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path}/x.db"
-    assert main(["trials", "--study", "nope", "--storage", storage]) == 1
+    assert main(["trials", "--study", "nope", "--storage", storage]) == 2
     line = _one_line(capsys)
     assert "nope" in line
+    assert not (tmp_path / "x.db").exists(), "a command that reads creates no storage"
 
 
 def test_trials_with_a_broken_storage_url(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["trials", "--study", "nope", "--storage", "nosuchdb://x/y"]) == 1
-    _one_line(capsys)
+    assert main(["trials", "--study", "nope", "--storage", "nosuchdb://x/y"]) == 2
+    assert "not a database URL" in _one_line(capsys)
 
 
 def test_check_of_a_missing_file(capsys: pytest.CaptureFixture[str], _isolated: Path) -> None:

@@ -1,6 +1,9 @@
-"""Fuzzed inputs through the real CLI, in this process: search-space YAML, CLI values, trace files and
-SLO strings. Every input either works (exit 0) or gives exit 2 with exactly one line on stderr that
-names the problem; none gives a traceback, a half-written study, a started engine or a hang.
+"""Fuzzed inputs through the real CLI, in this process: search-space YAML, space files that are not
+text, CLI values, every numeric flag out of its range, trace files, SLO strings, storage URLs of no
+database's kind, and the commands that only read (trials, export, report, dashboard) on studies
+that are not there. Every input either works (exit 0) or gives exit 2 with exactly one line on
+stderr that names the problem; none gives a traceback, a half-written study, a started engine or a
+hang, and a command that only reads creates no storage.
 
 Only commands that boot nothing are driven: ``plan``, ``workload``, ``drive --url`` to a closed port,
 and ``search`` with no engine environment (it must fail before anything starts, and does: exit 1,
@@ -14,21 +17,26 @@ end keep each one as a regression test.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import math
+import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy.engine
+import sqlalchemy.exc
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from tests.faults.outcomes import Tally
+from tuner.cli.flags import build_parser
 from tuner.cli.main import main
 
 EXAMPLES = 200  # the same draw every run unless TUNER_FUZZ_EXPLORE=1 (tests/conftest.py)
@@ -299,6 +307,198 @@ def test_fuzzed_slo_strings(model: Path) -> None:
                 from tuner.measure.goodput import parse_slo
 
                 assert all(math.isfinite(v) and v > 0 for v in (parse_slo(slo) if slo else {}).values())
+
+    prop()
+    tally.save()
+    assert tally.exit2_one_line == tally.tried
+
+
+# --- files that are not text ------------------------------------------------------------------------
+
+JUNK_BYTES = [b"\xff", b"\xfe\xff", b"\x00", b"\xc3", b"\x80abc", b"\xed\xa0\x80", b"\x1b[0m"]
+
+
+@st.composite
+def space_bytes(draw: st.DrawFn) -> bytes:
+    """A search space with bytes no text has spliced in, or bytes alone."""
+    if draw(st.booleans()):
+        return draw(st.binary(max_size=80))
+    text = draw(space_texts()).encode()
+    at = draw(st.integers(0, len(text)))
+    return text[:at] + draw(st.sampled_from(JUNK_BYTES)) + text[at:]
+
+
+def test_fuzzed_space_files_that_are_not_text(tmp_path: Path) -> None:
+    tally = Tally("space-files-not-text")
+    space = tmp_path / "space.yaml"
+
+    @SETTINGS
+    @given(space_bytes())
+    def prop(data: bytes) -> None:
+        space.write_bytes(data)
+        with judged(tally, ["plan", "--workload", "rag", "--space", str(space), "--n", "1"]) as run:
+            if run["code"] != 0:
+                assert str(space) in str(run["err"]) or "--engines" in str(run["err"]), run["err"]
+
+    prop()
+    tally.save()
+    assert tally.exit2_one_line > 100 and not tally.other
+
+
+def test_a_space_file_of_invalid_utf8_is_one_line(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_bytes(b"engines: [vllm]\n# caf\xe9\n")
+    code, _, err = cli(["plan", "--workload", "rag", "--space", str(space), "--n", "1"])
+    assert code == 2 and err == f"tuner: {space}: not a text file (no UTF-8 at byte 21); a search space is YAML\n"
+
+
+# --- every numeric flag, out of its range ------------------------------------------------------------
+
+# Each numeric flag's type and range: a new one must be added here, or test_every_numeric_flag_is_known fails.
+RANGES: dict[str, tuple[type[int] | type[float], Callable[[float], bool]]] = {
+    "--trials": (int, lambda v: v >= 0), "--finalists": (int, lambda v: v >= 0),
+    "--repeats": (int, lambda v: v >= 0), "--trial": (int, lambda v: v >= 0),
+    "--requests": (int, lambda v: v >= 1), "--concurrency": (int, lambda v: v >= 1),
+    "--gpus-per-trial": (int, lambda v: v >= 1), "--n": (int, lambda v: v >= 1),
+    "--seed": (int, lambda v: 0 <= v < 2**32), "--port": (int, lambda v: 1 <= v <= 65535),
+    "--timeout": (float, lambda v: v > 0), "--rate": (float, lambda v: v > 0),
+    "--resolution": (float, lambda v: v > 0), "--burstiness": (float, lambda v: v >= 1e-3),
+    "--attainment": (float, lambda v: 0 < v <= 1),
+}  # fmt: skip
+EDGES = ["-1", "0", "1", "65535", "65536", "4294967295", "4294967296", "1e-3", "0.0009", "0.5", "1.5", "-0"]
+
+
+def numeric_flags() -> list[tuple[str, str]]:
+    """(command, flag) for every option whose value type gives a number."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = []
+    for command, p in sub.choices.items():
+        for action in p._actions:
+            if action.type is None or not action.option_strings or action.type in (Path, str):
+                continue
+            with contextlib.suppress(Exception):
+                if isinstance(action.type("1"), int | float) and not isinstance(action.type("1"), bool):
+                    found.append((command, action.option_strings[-1]))
+    return sorted(found)
+
+
+def in_range(flag: str, text: str) -> bool:
+    kind, ok = RANGES[flag]
+    try:
+        value = kind(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and ok(value)
+
+
+def test_every_numeric_flag_is_known() -> None:
+    flags = {flag for _, flag in numeric_flags()}
+    assert flags == set(RANGES), f"give these flags a range in RANGES: {sorted(flags - set(RANGES))}"
+    assert {command for command, _ in numeric_flags()} <= set(BASE), "give the command a line in BASE"
+
+
+# A command line each flag is added to: a value out of range must stop it at once, with nothing written.
+BASE = {
+    "search": ["search", "--workload", "rag", "--engine-env", "vllm=/nonexistent/env"],
+    "worker": ["worker", "--study", "s", "--storage", "sqlite:///w.db"],  # refused: SQLite is one process's
+    "workload": ["workload", "rag", "--requests", "2", "--out", "requests.jsonl"],
+    "plan": ["plan", "--workload", "rag", "--n", "1"],
+    "drive": ["drive", "--workload", "rag", "--requests", "1"],  # --url: a closed port, --model: the fixture's
+    "export": ["export", "--study", "nope", "--out", "launch"],
+    "dashboard": ["dashboard", "--study", "nope"],  # no such study: never serves
+}
+
+
+def test_fuzzed_numeric_flags(model: Path, tmp_path: Path) -> None:
+    tally = Tally("numeric-flags")
+    url = f"http://127.0.0.1:{closed_port()}"
+
+    @SETTINGS
+    @given(st.sampled_from(numeric_flags()), NUMBERS | st.sampled_from(EDGES))
+    def prop(where: tuple[str, str], value: str) -> None:
+        command, flag = where
+        args = [*BASE[command], f"{flag}={value}"]
+        args += ["--url", url, "--model", str(model)] if command == "drive" else []
+        args += ["--model", str(model)] if command == "workload" else []
+        if in_range(flag, value.strip()):  # accepted; what the commands do with such values is fuzzed above
+            tally.tried, tally.worked = tally.tried + 1, tally.worked + 1
+            build_parser().parse_args(args)  # a refused value is a ConfigError here
+            return
+        with judged(tally, args) as run:
+            assert run["code"] == 2 and f"argument {flag}:" in str(run["err"]), (args, run)
+        assert not os.listdir(), "nothing written: no study, no storage, no launch file"
+
+    prop()
+    tally.save()
+    assert tally.exit2_one_line > 100
+
+
+# --- storage URLs of no database's kind --------------------------------------------------------------
+
+
+def has_dialect(url: str) -> bool:
+    try:
+        sqlalchemy.engine.make_url(url).get_dialect()
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        return False
+    return True
+
+
+SCHEMES = st.sampled_from(["nosuchdb", "http", "https", "redis", "file", "postgres", "s3", "sqlite3", "pg"]) | (
+    st.from_regex(r"\A[a-z][a-z0-9+]{1,8}\Z")
+)
+URLS = st.one_of(
+    st.tuples(SCHEMES, st.sampled_from(["://tuner:s3cret@db:5432/tuner", ":///studies/x.db", "://"])).map("".join),
+    st.text(alphabet=st.sampled_from(list("abz:/@.%?=+ 19")), min_size=1, max_size=20).filter(lambda u: u.strip()),
+)
+READERS = [["trials"], ["export", "--out", "launch"], ["report"], ["dashboard"]]
+
+
+def test_fuzzed_storage_urls_of_unknown_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    tally = Tally("storage-url-schemes")
+
+    @SETTINGS
+    @given(URLS, st.sampled_from([*READERS, ["search"], ["worker"]]), st.booleans())
+    def prop(url: str, command: list[str], from_env: bool) -> None:
+        assume(not has_dialect(url) and not url.startswith("sqlite"))
+        args = [*command, "--study", "s"] + ([] if from_env else [f"--storage={url}"])
+        if command == ["search"]:
+            args += ["--workload", "rag", "--engine-env", "vllm=/nonexistent/env"]
+        if command == ["worker"] and from_env:
+            args += [f"--storage={url}"]  # a worker needs the flag
+        monkeypatch.setenv("TUNER_STORAGE", url) if from_env else monkeypatch.delenv("TUNER_STORAGE", raising=False)
+        with judged(tally, args) as run:
+            assert run["code"] == 2, run
+            assert "not a database URL" in str(run["err"]) and "s3cret" not in str(run["err"]), run["err"]
+        assert not os.listdir(), "nothing written"
+
+    prop()
+    tally.save()
+    assert tally.exit2_one_line == tally.tried > 50
+
+
+# --- read-only commands on studies that are not there ------------------------------------------------
+
+
+def test_fuzzed_reads_of_missing_studies(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """trials, export, report and dashboard on a study that is not there: exit 2, and no storage created."""
+    tally = Tally("missing-studies")
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+
+    @SETTINGS
+    @given(st.sampled_from(READERS), st.text(max_size=12), st.sampled_from(["default", "flag", "env", "memory"]))
+    def prop(command: list[str], name: str, where: str) -> None:
+        url = {"flag": f"sqlite:///{elsewhere}/missing.db", "env": f"sqlite:///{elsewhere}/env.db",
+               "memory": "sqlite:///:memory:"}.get(where)  # fmt: skip
+        monkeypatch.setenv("TUNER_STORAGE", url) if where == "env" and url else monkeypatch.delenv(
+            "TUNER_STORAGE", raising=False
+        )
+        args = [*command, f"--study={name}"] + ([f"--storage={url}"] if url and where != "env" else [])
+        with judged(tally, args) as run:
+            assert run["code"] == 2, run
+        assert not os.listdir() and not os.listdir(elsewhere), "a command that reads created nothing"
 
     prop()
     tally.save()

@@ -109,8 +109,22 @@ def test_chat_delta_content() -> None:
 
 def test_http_500_is_recorded() -> None:
     record = _one(_sse(['{"error": "boom"}'], status=500))
-    assert record.error == "HTTP 500"
+    assert record.error == "HTTP 500" and record.detail == "boom"  # the server's words, kept apart
     assert record.first_token_s is None and record.output_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ('{"error": {"message": "too long", "code": 400}}', "too long"),  # OpenAI's shape
+        ('{"object": "error", "message": "no such model", "code": 404}', "no such model"),  # vLLM's
+        ('{"detail": "Not Found"}', "Not Found"),  # FastAPI's
+        ("Bad\n  gateway", "Bad gateway"),  # plain text, on one line
+        ("", None),
+    ],
+)
+def test_an_error_body_gives_the_detail(body: str, detail: str | None) -> None:
+    assert _one(_sse([body] if body else [], status=400)).detail == detail
 
 
 def test_stream_cut_without_done() -> None:

@@ -137,6 +137,23 @@ def test_manifest_argv_has_no_address_but_keeps_the_rest() -> None:
     assert m["argv"][m["argv"].index("--max-num-batched-tokens") + 1] == "1024"
 
 
+def test_manifest_reads_the_stored_launch_and_no_trial_only_environment() -> None:
+    m = _manifest_for("/models/target", SPEC_PARAMS)
+    assert "VLLM_SERVER_DEV_MODE" not in json.dumps(m), "trial-only environment never reaches an export"
+
+
+def test_a_trial_of_an_older_tuner_with_only_an_argv_is_refused_in_one_line() -> None:
+    study = _study("/models/target")
+    trial = study.ask()
+    trial.set_user_attr("engine", "vllm")
+    trial.set_user_attr("constraint_violation", 0.0)
+    trial.set_user_attr("argv", [PYTHON, "-m", VllmAdapter.module, "--model", "/m", "--host", "h", "--port", "1"])
+    study.tell(trial, [100.0, 50.0])
+    with pytest.raises(ExportError, match="older tuner") as err:
+        manifest(study, study.get_trials(deepcopy=False)[trial.number])
+    assert "\n" not in str(err.value)
+
+
 def test_speculative_config_stays_one_argument() -> None:
     m = _manifest_for("/models/target dir", SPEC_PARAMS)
     _, args = read_sh(render_sh(m))
@@ -238,6 +255,7 @@ def test_engine_args_on_a_real_launch() -> None:
     assert "--host" not in args and "--port" not in args
     assert "127.0.0.1" not in args and "43210" not in args
     assert args == [a for a in spec.argv[3:] if a not in ("--host", "127.0.0.1", "--port", "43210")]
+    assert args == list(spec.args)
 
 
 @pytest.mark.parametrize("argv", [[PYTHON], [PYTHON, "serve", "/m"], [PYTHON, "-c", "print()"]])

@@ -18,7 +18,7 @@ import optuna
 import pytest
 
 from tuner.deploy.export import manifest
-from tuner.deploy.formats import argv_to_kwargs, engine_args, kwargs_to_argv, read_python, render_python
+from tuner.deploy.formats import argv_to_kwargs, kwargs_to_argv, read_python, render_python
 from tuner.deploy.provenance import provenance
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.sglang import SglangAdapter
@@ -65,9 +65,8 @@ def _sglang_args(model_path: str, params: dict[str, Any]) -> list[str]:
     """The engine args (no python, module, host or port) SGLang gets for ``params``."""
     model = ModelSpec(path=model_path, drafts={"draft-2l": model_path + "/../draft two"}, max_model_len=2048)
     launch = SglangAdapter().launch(Config("sglang", params), model, DEVICE, 43210, PYTHON, VERSION)
-    module, args = engine_args(list(launch.argv))
-    assert module == SglangAdapter.module
-    return args
+    assert launch.module == SglangAdapter.module
+    return list(launch.args)
 
 
 def _manifest(model_path: str, params: dict[str, Any], study_name: str = "launch-test") -> dict[str, Any]:

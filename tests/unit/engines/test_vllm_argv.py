@@ -160,7 +160,7 @@ def test_speculation_off_emits_no_speculative_flag(params: dict[str, Any], devic
     ],
 )
 @pytest.mark.parametrize("device", [CPU, CUDA])
-@pytest.mark.parametrize("version", ["0.26.0", "0.32.0", "0.33.1"])
+@pytest.mark.parametrize("version", ["0.26.0", "0.32.0"])
 def test_removed_speculative_flags_are_never_emitted(params: dict[str, Any], device: Device, version: str) -> None:
     config = Config(engine="vllm", params=params)
     argv = VllmAdapter().launch(config, MODEL, device, PORT, PYTHON, version).argv
@@ -210,13 +210,14 @@ def test_default_config_on_cpu_reserves_vllm_default_share_of_the_budget() -> No
 # --- versions ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", ["0.26.0", "0.26", "0.32.0", "0.32.1", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.26.0", "0.26", "0.32.0", "0.32.1"])
 def test_supported_versions(version: str) -> None:
     spec = VllmAdapter().launch(Config("vllm", {}), MODEL, CUDA, PORT, PYTHON, version)
     assert spec.argv[0] == PYTHON
 
 
-@pytest.mark.parametrize("version", ["0.9.0", "0.8.3", "0.31.0", "0.3.2", "0.260.0", "0.320", "1.0.0", ""])
+# 0.33: no parser of it has checked our commands here (argv strings alone are not support)
+@pytest.mark.parametrize("version", ["0.9.0", "0.8.3", "0.31.0", "0.33.0", "0.3.2", "0.260.0", "0.320", "1.0.0", ""])
 def test_unsupported_version_is_refused(version: str) -> None:
     with pytest.raises(EnvironmentSetupError) as info:
         VllmAdapter().launch(Config("vllm", {}), MODEL, CUDA, PORT, PYTHON, version)

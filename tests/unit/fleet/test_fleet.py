@@ -67,7 +67,7 @@ def test_a_study_refuses_trials_from_other_hardware() -> None:
     with pytest.raises(ConfigError, match="was made on NVIDIA H200"):
         bind_study_attrs(study, h100)
     with pytest.raises(ConfigError, match="engines"):
-        bind_study_attrs(study, {**attrs, "engines": {"vllm": {"version": "0.33.0"}}})
+        bind_study_attrs(study, {**attrs, "engines": {"vllm": {"version": "0.32.0"}}})
 
 
 def test_a_worker_on_sqlite_is_refused_naming_postgresql() -> None:

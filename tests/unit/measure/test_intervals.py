@@ -43,6 +43,17 @@ def test_every_reported_figure_gets_its_interval_around_its_estimate() -> None:
     )
 
 
+def test_no_interval_is_negative_however_skewed_the_requests() -> None:
+    """Throughput slices this uneven put a plain t-interval's low end at -15 tok/s (seed 0); latency and
+    throughput are positive, so their intervals are too."""
+    rng = random.Random(0)
+    rows = _rows([rng.lognormvariate(np.log(0.05), 2.0) for _ in range(16)], gap_s=0.01, tokens=2)
+    ci = trial_intervals(rows, {"good_fraction": 0.1})
+    assert set(ci) >= {"ttft_p95_ms", "output_throughput_tok_s", "good_fraction"}
+    assert all(0 <= c["low"] <= c["high"] for c in ci.values()), ci
+    assert ci["output_throughput_tok_s"]["low"] > 0
+
+
 def test_too_few_requests_give_no_interval_rather_than_a_made_up_one() -> None:
     assert trial_intervals(_rows([0.1, 0.2, 0.3]), {}) == {}
 

@@ -18,7 +18,8 @@ from tuner.study.feasible import feasible_pareto, feasible_trials
 from tuner.workloads.base import Workload
 
 SLO = {"ttft_p95_ms": 2000.0}
-SPEC = LaunchSpec("vllm", ("python3", "-m", "vllm.entrypoints.openai.api_server"), {}, 8000, "/health", "m")
+SPEC = LaunchSpec(engine="vllm", python="python3", module="vllm.entrypoints.openai.api_server", args=("--model", "m"),
+                  host="127.0.0.1", port=8000, health_path="/health", served_model="m")  # fmt: skip
 
 
 def _metrics(ttft: float, tok_s: float) -> dict[str, float]:

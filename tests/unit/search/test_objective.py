@@ -37,8 +37,9 @@ class ScriptedEngine:
     """Plays a vLLM CPU build: 4 KiB of KV per token, so a 2048-token context needs 8 MiB; a config's
     requests, first token and all, take longer the smaller its chunk size."""
 
-    def __init__(self) -> None:
+    def __init__(self, default_chunk: int = 2048) -> None:
         self.booted: list[dict[str, Any]] = []
+        self.default_chunk = default_chunk  # the chunk size a config that sets none behaves like
 
     def __call__(
         self, number: int, config: Config, ctx: TrialContext, watch: WatchFactory | None = None
@@ -52,7 +53,7 @@ class ScriptedEngine:
             result.memory_facts = {"max_len_fit": kv_bytes // 4096}
             return result
         result.memory_facts = {"kv_tokens": kv_bytes // 4096}
-        per_request = 0.5 * 2048 / int(config.params.get("chunk_size", 2048))
+        per_request = 0.5 * 2048 / int(config.params.get("chunk_size", self.default_chunk))
         records = [RequestRecord(str(i), 100.0 + i * per_request, 100.0 + i * per_request + per_request / 5,
                                  100.0 + (i + 1) * per_request, (), (), 48, 900, None) for i in range(40)]  # fmt: skip
         on_record = watch(40, 0.0) if watch is not None else None
@@ -147,3 +148,40 @@ def test_a_config_already_measured_is_told_again_without_a_boot(ctx: TrialContex
     from tuner.study.feasible import feasible_trials
 
     assert [t.number for t in feasible_trials(study)] == [0], "a repeat of an outcome is not a second config"
+
+
+def test_the_engine_default_boots_even_where_the_screen_predicts_it_cannot_fit(ctx: TrialContext) -> None:
+    """On an 8 MiB budget vLLM's default 0.92 leaves 7.4 MiB of KV cache, short of the 8 MiB a 2048-token
+    context needs; once 0.95 has failed the screen predicts as much, and still the default boots."""
+    small, engine = replace(ctx, device=Device("cpu", "test CPU", 8 * 2**20)), ScriptedEngine()
+    study = _study()
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.95, "vllm.chunk_size": 512})
+    enqueue_defaults(study, ["vllm"])
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 512})
+    objective = SearchObjective(study, _space([0.9, 0.95], [512]), small, runner=engine, prune=False)
+    study.optimize(objective, n_trials=3)
+    calibrating, default, sampled = study.trials
+    assert calibrating.user_attrs["failure"] == "kv_insufficient"
+    assert sampled.user_attrs["failure"] == "screened", "a sampled config the screen rejects is not booted"
+    assert default.user_attrs["config_kind"] == "engine_default"
+    assert default.user_attrs["memory_estimate"]["fits"] is False, "the screen would have rejected it"
+    assert default.user_attrs["booted"] is True and default.user_attrs["failure"] == "kv_insufficient"
+    assert engine.booted == [{"memory_fraction": 0.95, "chunk_size": 512}, {}] and objective.boots == 2
+
+
+def test_the_engine_default_is_never_pruned_however_slow(ctx: TrialContext) -> None:
+    """The default behaves like chunk 512, 4x slower than the trial measured before it: a sampled config
+    that slow is pruned at its first checkpoint; the default runs its whole workload."""
+    study, engine = _study(), ScriptedEngine(default_chunk=512)
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 2048})
+    enqueue_defaults(study, ["vllm"])
+    study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 512})
+    objective = SearchObjective(study, _space([0.9], [512, 2048]), ctx, runner=engine)
+    study.optimize(objective, n_trials=3)
+    fast, default, slow = study.trials
+    assert fast.state == optuna.trial.TrialState.COMPLETE and fast.user_attrs["checkpoints"]
+    assert slow.state == optuna.trial.TrialState.PRUNED, "as slow as the default, and pruned"
+    assert default.user_attrs["config_kind"] == "engine_default"
+    assert default.state == optuna.trial.TrialState.COMPLETE and default.user_attrs["pruned"] is None
+    assert len(default.user_attrs["request_log"]) == 40, "measured whole"
+    assert default.values[1] == pytest.approx(fast.values[1] / 4)

@@ -24,7 +24,6 @@ from tuner.search.space import load_space
 
 REPO = Path(__file__).resolve().parents[3]
 ROW_KEYS = {"engine", "engine_version", "params", "argv", "env"}
-PLACEHOLDER_PORT = "8000"
 PLAN_DEADLINE_S = 30.0
 
 # Runs ``python -m tuner ARGS`` with every way of starting a process replaced by one that exits 97.
@@ -144,9 +143,9 @@ def test_argv_is_the_adapters_command_for_the_printed_params(
     for row in seed3.rows():
         adapter = ADAPTERS[row["engine"]]()
         config = Config(row["engine"], row["params"], enforce_eager=space.static.enforce_eager)
-        launch = adapter.launch(config, model, gpu, int(PLACEHOLDER_PORT), "python3", row["engine_version"])
+        launch = adapter.launch(config, model, gpu, adapter.default_port, "python3", row["engine_version"])
         assert row["argv"] == list(launch.argv)
-        assert row["env"] == dict(launch.env)
+        assert row["env"] == launch.run_env
         speculating += int(row["params"].get("num_speculative_tokens", 0) > 0)
     assert 0 < speculating < 20, "the space samples speculation both on and off"
 
@@ -154,7 +153,7 @@ def test_argv_is_the_adapters_command_for_the_printed_params(
 def test_plan_boots_nothing_and_generates_nothing(seed3: Run, dirs: Dirs) -> None:
     assert seed3.wall_s < PLAN_DEADLINE_S
     for row in seed3.rows():
-        assert _value(row["argv"], "--port") == PLACEHOLDER_PORT
+        assert _value(row["argv"], "--port") == str(ADAPTERS[row["engine"]].default_port)
         model_flag = "--model-path" if row["engine"] == "sglang" else "--model"
         # the default models are named where they would be generated, and left ungenerated
         assert Path(_value(row["argv"], model_flag)).is_relative_to(dirs.cache)

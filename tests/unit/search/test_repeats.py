@@ -1,32 +1,57 @@
-"""Finalist repeats: Student-t intervals, the winner-or-tie verdict, and who gets repeated."""
+"""Finalist repeats: log-scale Student-t intervals, the winner-or-tie verdict, and who gets repeated."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import optuna
 import pytest
 
 from tests.storage.test_storage import _result
+from tuner.deploy.provenance import _repeat_lines
 from tuner.measure.statistics import interval
+from tuner.report.trials_table import trials_table
 from tuner.search.finalists import judge, pick_finalists
 from tuner.search.objective import record
 from tuner.search.scoring import DIRECTIONS
 from tuner.study.attrs import enqueue_defaults
+from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict, interval_text
 
 
-def test_interval_is_the_student_t_interval() -> None:
+def test_interval_is_the_student_t_interval_on_the_log_scale() -> None:
     samples = [10.0, 12.0, 11.0]
     out = interval(samples)
-    sd = statistics.stdev(samples)
-    assert out["mean"] == pytest.approx(11.0)
-    assert out["high"] - out["mean"] == pytest.approx(4.303 * sd / 3**0.5)
-    assert out["cv"] == pytest.approx(sd / 11.0)
-    assert interval([5.0]) == {"n": 1, "mean": 5.0, "low": 5.0, "high": 5.0, "cv": 0.0}
+    logs = [math.log(x) for x in samples]
+    half = 4.303 * statistics.stdev(logs) / 3**0.5
+    assert out["mean"] == pytest.approx(11.0) and out["n"] == 3 and out["method"] == "t on the log scale"
+    assert out["low"] == pytest.approx(math.exp(statistics.fmean(logs) - half))
+    assert out["high"] == pytest.approx(math.exp(statistics.fmean(logs) + half))
+    assert out["cv"] == pytest.approx(statistics.stdev(samples) / 11.0)
 
 
-def _finalist(trial: int, mean: float, half: float, failures: list[str] | None = None) -> dict[str, object]:
-    stats = {"output_throughput_tok_s": {"n": 3, "mean": mean, "low": mean - half, "high": mean + half, "cv": 0.1}}
+def test_skewed_positive_runs_never_give_a_negative_bound() -> None:
+    runs = [3.0, 4.0, 90.0]  # one slow run: the plain t-interval would reach -88
+    out = interval(runs)
+    assert 0 < out["low"] < min(runs) and out["high"] > max(runs)
+    assert out["high"] - out["mean"] > out["mean"] - out["low"], "longer above than below, as skewed data are"
+    zero = interval([0.0, 2.0, 4.0])  # a run with no goodput has no log: the t-interval, clipped at 0
+    assert zero["low"] == 0.0 and zero["high"] > 4.0 and zero["method"] == "t, clipped at 0"
+    assert interval([0.0, 0.0, 0.0]) | {"cv": 0.0} == {"n": 3, "mean": 0.0, "low": 0.0, "high": 0.0, "cv": 0.0,
+                                                       "method": "t, clipped at 0"}  # fmt: skip
+
+
+@pytest.mark.parametrize("runs", [[5.0], [5.0, 7.0]])
+def test_fewer_than_three_runs_give_no_interval_but_say_so(runs: list[float]) -> None:
+    out = interval(runs)
+    assert out["low"] is None and out["high"] is None and out["method"] == TOO_FEW_RUNS
+    assert out["n"] == len(runs) and out["mean"] == pytest.approx(statistics.fmean(runs))
+    assert interval_text(out) == f"{out['mean']:.1f} (too few runs for an interval)"
+
+
+def _finalist(trial: int, mean: float, half: float, failures: list[str] | None = None, n: int = 3) -> dict[str, object]:
+    low, high = (mean - half, mean + half) if n >= 3 else (None, None)
+    stats = {"output_throughput_tok_s": {"n": n, "mean": mean, "low": low, "high": high, "cv": 0.1}}
     return {"trial": trial, "config_kind": "sampled", "failures": failures or [], "stats": stats}
 
 
@@ -38,6 +63,27 @@ def test_a_winner_only_when_the_intervals_separate() -> None:
     # a finalist that failed a repeat cannot win, however fast its other runs were
     assert judge([_finalist(1, 90, 1, ["oom_load"]), _finalist(2, 40, 2)], key)["trials"] == [2]
     assert judge([], key)["kind"] == "none"
+
+
+def test_too_few_runs_give_a_tie_that_says_so_however_far_apart() -> None:
+    key = "output_throughput_tok_s"
+    verdict = judge([_finalist(1, 90, 1, n=2), _finalist(2, 40, 1, n=2)], key)
+    assert verdict == {"kind": "tie", "metric": key, "trials": [1, 2], "reason": TOO_FEW_RUNS}
+    assert describe_verdict(verdict) == f"verdict: tie on {key} between trials 1, 2 (too few runs for an interval)"
+    assert judge([_finalist(1, 90, 1), _finalist(2, 40, 1, n=1)], key)["kind"] == "tie"  # one side short is enough
+    overlap = judge([_finalist(1, 50, 6), _finalist(2, 42, 6)], key)
+    assert "reason" not in overlap and describe_verdict(overlap).endswith("(their 95 % intervals overlap)")
+
+
+def test_too_few_runs_read_as_such_in_the_trials_table_and_the_launch_files() -> None:
+    short = interval([50.0, 52.0])
+    study = optuna.create_study(directions=DIRECTIONS)
+    study.add_trial(optuna.trial.create_trial(values=[100.0, 51.0], user_attrs={"config_kind": "sampled"}))
+    study.set_user_attr("finalists", [{"trial": 0, "config_kind": "sampled", "failures": [],
+                                       "stats": {"output_throughput_tok_s": short}}])  # fmt: skip
+    assert "51.0 (too few runs for an interval) n=2" in trials_table(study)
+    lines = _repeat_lines({"repeats": {"stats": {"output_throughput_tok_s": short}}})
+    assert lines == ["# repeats output_throughput_tok_s: mean 51.0, too few runs for an interval, n=2"]
 
 
 def test_finalists_are_the_best_feasible_plus_the_engine_default() -> None:

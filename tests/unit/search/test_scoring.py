@@ -109,9 +109,12 @@ def test_feasible_trial_values_equal_metrics(study: optuna.Study) -> None:
     assert ft.user_attrs["config"] == {"chunk_size": 512, "num_speculative_tokens": 2, "draft_model": "draft-2l"}
     assert ft.user_attrs["engine"] == "vllm"
     assert ft.user_attrs["engine_version"] == "0.32.0"
-    argv = ft.user_attrs["argv"]
-    assert argv[0] == "/envs/vllm/bin/python"
-    assert "--speculative-config" in argv
+    launch = ft.user_attrs["launch"]
+    assert launch["python"] == "/envs/vllm/bin/python"
+    assert launch["module"] == "vllm.entrypoints.openai.api_server"
+    assert "--speculative-config" in launch["args"] and "--port" not in launch["args"]
+    assert launch["env"] == {}, "trial-only environment (VLLM_SERVER_DEV_MODE) is not stored with the command"
+    assert "argv" not in ft.user_attrs, "one attribute for the command"
 
 
 def test_nan_metrics_are_stored_as_none(study: optuna.Study) -> None:

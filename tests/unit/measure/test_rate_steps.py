@@ -1,0 +1,103 @@
+"""The capacity search's steps: which requests a step sends, and how tiers share measured steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tuner.measure.capacity import SLO_KEYS
+from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity, step_requests
+from tuner.workloads.base import Request
+
+STRICT = {"ttft_p95_ms": 200.0, "tpot_p95_ms": 6.0}
+RELAXED = {"ttft_p95_ms": 1000.0, "tpot_p95_ms": 20.0}
+
+
+def _pool(n: int, session_every: int = 0) -> list[Request]:
+    out = []
+    for i in range(n):
+        session = f"s{i // session_every}" if session_every else None
+        out.append(
+            Request(
+                f"r{i}", "/v1/completions", {"prompt": "x"}, 10, 8, session_id=session, turn=i % max(session_every, 1)
+            )
+        )
+    return out
+
+
+def _plan(**kw: object) -> CapacityPlan:
+    base: dict[str, object] = {"tiers": {"interactive": STRICT, "relaxed": RELAXED}, "scored": ("interactive",)}
+    return CapacityPlan(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_step_cycles_the_pool_with_fresh_ids_and_releases_at_the_rate() -> None:
+    plan = _plan(min_requests=10, min_step_s=10.0)
+    steps = step_requests(_pool(4), rate=3.0, plan=plan)
+    assert len(steps) == 30  # 3 req/s for 10 s is more than the 10 requests asked for
+    assert len({r.request_id for r in steps}) == 30, "a cycled request must not share its id with its first pass"
+    times = [r.arrival_s for r in steps]
+    assert all(t is not None for t in times) and times == sorted(times)
+    assert math.isclose(max(t for t in times if t is not None), 30 / 3.0, rel_tol=0.05)
+
+
+def test_a_session_is_released_once_and_keeps_its_turns_in_order() -> None:
+    steps = step_requests(_pool(6, session_every=3), rate=1.0, plan=_plan(min_requests=12, min_step_s=1.0))
+    sessions: dict[str | None, list[Request]] = {}
+    for r in steps:
+        sessions.setdefault(r.session_id, []).append(r)
+    assert len(sessions) == 4 and all(len(turns) == 3 for turns in sessions.values())
+    for turns in sessions.values():
+        assert turns[0].arrival_s is not None and all(t.arrival_s is None for t in turns[1:])
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    pool = _pool(5)
+    first = [r.arrival_s for r in step_requests(pool, 2.0, _plan(seed=1))]
+    assert first == [r.arrival_s for r in step_requests(pool, 2.0, _plan(seed=1))]
+    assert first != [r.arrival_s for r in step_requests(pool, 2.0, _plan(seed=2))]
+
+
+def _measured_at(rate: float, knee_strict: float, knee_relaxed: float) -> Measured:
+    """Forty requests whose latency grows with the rate: strict fails above one knee, relaxed above another."""
+    ttft = 100.0 if rate <= knee_strict else 500.0 if rate <= knee_relaxed else 3000.0
+    rows = [{"sent_s": i * 0.25, "first_s": i * 0.25 + ttft / 1e3, "done_s": i * 0.25 + ttft / 1e3 + 0.3,
+             "output_tokens": 101, "prompt_tokens": 10, "error": None} for i in range(40)]  # fmt: skip
+    return Measured(rate, rows, [], 10.0)
+
+
+def test_tiers_share_the_steps_they_both_need() -> None:
+    calls: list[float] = []
+
+    def measure(rate: float) -> Measured:
+        calls.append(rate)
+        return _measured_at(rate, knee_strict=2.0, knee_relaxed=8.0)
+
+    plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.5)
+    out = search_capacity(measure, plan)
+    assert 2.0 / 1.5 <= out.results["interactive"].capacity_req_s <= 2.0
+    assert 8.0 / 1.5 <= out.results["relaxed"].capacity_req_s <= 8.0
+    assert len(calls) == len(set(calls)), "a rate is measured once, whichever tiers judge it"
+    assert len(out.measured) == len(calls)
+    assert out.as_dict(plan)["tiers"]["relaxed"]["slo"] == RELAXED
+
+
+def test_an_unscored_tier_costs_no_step() -> None:
+    out = search_capacity(lambda r: _measured_at(r, 2.0, 8.0), _plan(scored=("interactive",), resolution=0.5))
+    assert set(out.results) == {"interactive"}
+
+
+def test_a_config_far_below_the_incumbent_is_pruned_in_two_steps_and_a_repeat_is_not() -> None:
+    plan = _plan(resolution=0.1)
+    pruned = search_capacity(lambda r: _measured_at(r, 1.0, 2.0), plan, incumbents={"interactive": 8.0})
+    assert pruned.results["interactive"].pruned and len(pruned.measured) == 2
+    kept = search_capacity(lambda r: _measured_at(r, 1.0, 2.0), plan, incumbents={"interactive": 8.0}, prune=False)
+    assert not kept.results["interactive"].pruned
+    assert 1.0 / 1.1 <= kept.results["interactive"].capacity_req_s <= 1.0
+
+
+@pytest.mark.parametrize("key", SLO_KEYS)
+def test_every_slo_key_can_bound_a_tier(key: str) -> None:
+    plan = _plan(tiers={"interactive": {key: 1e6}}, resolution=1.0, max_rate=4.0)
+    out = search_capacity(lambda r: _measured_at(r, 2.0, 8.0), plan)
+    assert out.results["interactive"].capacity_req_s == 4.0

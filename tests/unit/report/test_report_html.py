@@ -1,0 +1,113 @@
+"""``tuner report``: one self-contained HTML file with Plotly plots, capacity curves for capacity studies."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+from plotly.offline import get_plotlyjs
+
+from tuner.report.capacity import curve, curve_trials, tiers
+from tuner.report.html import write_report
+
+
+def _page(study: optuna.Study, tmp_path: Path) -> tuple[str, str]:
+    """The page, and the page without the plotly.js bundle (whose own text is not ours to check) with the
+    figures' JSON escapes (``\\u003c`` for ``<``) undone."""
+    page = write_report(study, tmp_path / "reports").read_text()
+    bundle = get_plotlyjs()
+    assert page.count(bundle) == 1, "plotly.js inlined exactly once"
+    ours = re.sub(r"\\u([0-9a-f]{4})", lambda m: chr(int(m.group(1), 16)), page.replace(bundle, ""))
+    return page, ours
+
+
+def _section(page: str, section: str) -> str:
+    found = re.search(rf'<section id="{section}">(.*?)</section>', page, re.S)
+    assert found, section
+    return found.group(1)
+
+
+def test_a_capacity_report_is_one_file_with_each_tiers_curves(capacity_study: optuna.Study, tmp_path: Path) -> None:
+    page, ours = _page(capacity_study, tmp_path)
+    assert not re.search(r"<script[^>]*\bsrc=", page), "no script loaded from anywhere: the page needs no network"
+    assert not re.search(r"<link[^>]*\bhref=", page)
+    for div in ("capacity-plot-0", "capacity-plot-1"):  # one figure per tier, the objective's first
+        assert f'id="{div}"' in ours and re.search(rf'Plotly.newPlot\(\s*"{div}"', ours), div
+    assert ours.index("Tier interactive") < ours.index("Tier relaxed")
+    for name in ("trial 2 (vllm)", "trial 0 (vllm default)", "trial 3 (sglang)", "trial 1 (sglang default)"):
+        assert f'"name":"{name}"' in ours, name
+    for line in ("target 90%", "TTFT p95 bound 200 ms", "TPOT p95 bound 6 ms", "TTFT p95 bound 1000 ms"):
+        assert f'"name":"{line}"' in ours, line
+    assert '"name":"capacity of trial 2 (vllm)"' in ours
+    assert "request rate (req/s)" in ours and "TTFT p95 (ms)" in ours and "TPOT p95 (ms)" in ours
+    assert "vllm.memory_fraction=0.3<br>" in ours, "hover shows the trial's parameters"
+
+
+def test_the_report_has_no_dict_repr_no_float_noise_and_no_trial_port(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    page, ours = _page(capacity_study, tmp_path)
+    assert "engines vllm 0.32.0, sglang 0.5.23" in ours
+    assert "{'" not in ours and "&#x27;version&#x27;" not in ours
+    assert "0.30000000000000004" not in page and "0.7000000000000001" not in page
+    launch = _section(ours, "launch")
+    assert "no winner: the verdict is a tie between trials 2 and 3" in launch
+    assert (
+        "/opt/engine/bin/python -m vllm.entrypoints.openai.api_server --model /models/m --gpu-memory-utilization 0.3"
+        in launch
+    )
+    assert "sglang.launch_server --model-path /models/m --mem-fraction-static 0.7" in launch  # an older trial's argv
+    assert "--port" not in launch and "--host" not in launch and "4100" not in launch, "no trial's random port"
+    summary = (tmp_path / "reports" / "cap" / "summary.md").read_text()
+    assert "tie between trials 2 and 3" in summary and "4100" not in summary
+
+
+def test_the_capacity_table_lists_each_tiers_capacity(capacity_study: optuna.Study, tmp_path: Path) -> None:
+    _, ours = _page(capacity_study, tmp_path)
+    table = _section(ours, "capacity-table")
+    assert "<th>interactive (req/s)</th><th>relaxed (req/s)</th>" in table
+    assert "<td>2</td><td>vllm</td><td>complete</td><td>4</td><td>6</td>" in table
+    assert "<td>4</td><td>vllm</td><td>oom_boot</td><td>-</td><td>-</td>" in table  # failed: no capacity, no crash
+    assert "vllm.memory_fraction=0.3 " in table
+
+
+def test_curves_are_sorted_by_rate_and_pair_each_finalist_with_its_default(capacity_study: optuna.Study) -> None:
+    assert [t.name for t in tiers(capacity_study)] == ["interactive", "relaxed"]
+    chosen = curve_trials(capacity_study)
+    assert [t.number for t in chosen] == [2, 0, 3, 1]
+    drawn = curve(chosen[0], "interactive")
+    assert drawn is not None and drawn.capacity_req_s == 4.0
+    rates = [s.rate_req_s for s in drawn.steps]
+    assert rates == sorted(rates) == [2.0, 4.0, 6.0, 8.0]
+    assert [s.passed for s in drawn.steps] == [True, True, False, False]
+
+
+def test_a_capacity_study_with_no_finalists_or_partial_attributes_still_reports(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    capacity_study.set_user_attr("finalists", "garbage")
+    capacity_study.set_user_attr("verdict", None)
+    assert [t.number for t in curve_trials(capacity_study)] == [2, 0]  # the highest capacity, beside its default
+    _, ours = _page(capacity_study, tmp_path)
+    assert "no finalist repeats ran: trial 2 is the best feasible trial" in _section(ours, "launch")
+    bare = optuna.create_study(study_name="bare", storage=capacity_study._storage, direction="maximize")
+    bare.set_user_attr("objective", "capacity")
+    bare.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"capacity": 3}))
+    _, ours = _page(bare, tmp_path)
+    assert "no trial recorded a capacity" in _section(ours, "capacity")
+
+
+def test_a_pareto_report_keeps_its_plots_drawn_with_plotly(pareto_study: optuna.Study, tmp_path: Path) -> None:
+    page, ours = _page(pareto_study, tmp_path)
+    for section in ("pareto", "ttft-cdf", "importance", "best-vs-default", "failure-map", "acceptance", "launch"):
+        _section(ours, section)
+    assert 'id="pareto-plot"' in ours and 'id="ttft-cdf-plot"' in ours and 'id="capacity"' not in ours
+    assert "TTFT p95 (ms)" in ours and "output throughput (tok/s)" in ours
+    assert "0.30000000000000004" not in page and "vllm.memory_fraction=0.3<br>" in ours
+    launch = _section(ours, "launch")
+    assert "no winner: the verdict is a tie between trials 1 and 0" in launch and "4200" not in launch
+    pareto_study.set_user_attr("verdict", {"kind": "winner", "metric": "output_throughput_tok_s", "trials": [1]})
+    _, ours = _page(pareto_study, tmp_path)
+    launch = _section(ours, "launch")
+    assert "trial 1 wins the verdict" in launch and launch.count("<pre>") == 1 and "4200" not in launch

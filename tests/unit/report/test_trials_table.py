@@ -1,0 +1,34 @@
+"""``tuner trials``: capacity per tier and each tier's SLO in a capacity study, the old columns otherwise."""
+
+from __future__ import annotations
+
+import optuna
+
+from tuner.report.trials_table import trials_table
+
+
+def _row(table: str, number: int) -> list[str]:
+    return next(line.split() for line in table.splitlines() if line.split()[:1] in ([str(number)], [f"{number}*"]))
+
+
+def test_a_capacity_study_lists_each_trials_capacity_per_tier_and_the_slo(capacity_study: optuna.Study) -> None:
+    table = trials_table(capacity_study)
+    head = table.splitlines()[0]
+    assert "interactive req/s" in head and "relaxed req/s" in head and "repeats: req/s" in head
+    assert "ttft_p95_ms" not in head
+    assert _row(table, 2)[:5] == ["2*", "COMPLETE", "-", "4", "6"]  # the best capacity: the feasible front
+    assert _row(table, 2)[5:7] == ["4.1", "[3.9,"], "the finalist's repeats on capacity"
+    assert _row(table, 0)[3:5] == ["2", "3"] and "vllm (engine defaults)" in table
+    assert _row(table, 4)[2:5] == ["oom_boot", "-", "-"]  # failed: no capacity attribute, no crash
+    assert _row(table, 5)[2:5] == ["-", "-", "-"]  # a malformed capacity attribute
+    assert "vllm.memory_fraction=0.3 " in table and "0.30000000000000004" not in table
+    assert "SLO interactive: TTFT p95 <= 200 ms, TPOT p95 <= 6 ms for at least 90% of requests" in table
+    assert "SLO relaxed: TTFT p95 <= 1000 ms, TPOT p95 <= 20 ms for at least 90% of requests" in table
+    assert "tie on capacity_req_s between trials 2, 3" in table
+
+
+def test_a_pareto_study_keeps_its_columns(pareto_study: optuna.Study) -> None:
+    table = trials_table(pareto_study)
+    head = table.splitlines()[0]
+    assert "ttft_p95_ms" in head and "tok/s" in head and "req/s" not in head and "SLO" not in table
+    assert _row(table, 1)[3:5] == ["120", "1400.0"]

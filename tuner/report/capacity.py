@@ -1,0 +1,157 @@
+"""Capacity studies in the report: each tier's curves (finalists beside their engine defaults) and a table.
+
+A capacity trial carries ``capacity`` (per tier: the SLO, the target attainment, ``capacity_req_s``, the
+stop reason and the measured ``steps``) and the flat ``capacity_req_s`` / ``capacity_<tier>_req_s``.
+Every read here is tolerant: an older study, or a failed trial with no ``capacity``, gives "-" or no
+curve, never an error.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from tuner.report.describe import engine_of, is_default, number, params_list, params_text, trial_name
+from tuner.report.plots import Curve, RateStep, capacity_figure
+
+Trial = optuna.trial.FrozenTrial
+CAPACITY_OBJECTIVES = ("capacity", "capacity-pareto")
+FLAT = re.compile(r"capacity_(.+)_req_s")
+SLO_NAMES = {"ttft_p95_ms": "TTFT p95", "tpot_p95_ms": "TPOT p95", "e2e_p95_ms": "E2E p95"}
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    slo: dict[str, float]
+    target: float | None
+
+
+def is_capacity_study(study: optuna.Study) -> bool:
+    return study.user_attrs.get("objective") in CAPACITY_OBJECTIVES
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _float(value: object) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None  # type: ignore[arg-type]
+
+
+def _tier_attrs(trial: Trial, tier: str) -> dict[str, Any]:
+    return _dict(_dict(_dict(trial.user_attrs.get("capacity")).get("tiers")).get(tier))
+
+
+def tier_capacity(trial: Trial, tier: str) -> float | None:
+    found = _float(_tier_attrs(trial, tier).get("capacity_req_s"))
+    return found if found is not None else _float(trial.user_attrs.get(f"capacity_{tier}_req_s"))
+
+
+def objective_capacity(trial: Trial) -> float | None:
+    found = _float(trial.user_attrs.get("capacity_req_s"))
+    tier = _dict(trial.user_attrs.get("capacity")).get("objective_tier")
+    return found if found is not None or not isinstance(tier, str) else tier_capacity(trial, tier)
+
+
+def tiers(study: optuna.Study) -> list[Tier]:
+    """The tiers the trials measured, the objective's first, each with the first SLO and target recorded."""
+    found: dict[str, Tier] = {}
+    objective: object = None
+    for t in study.get_trials(deepcopy=False):
+        cap = _dict(t.user_attrs.get("capacity"))
+        objective = objective or cap.get("objective_tier")
+        for name, attrs in _dict(cap.get("tiers")).items():
+            slo = {k: b for k, v in _dict(_dict(attrs).get("slo")).items() if (b := _float(v)) is not None}
+            found.setdefault(str(name), Tier(str(name), slo, _float(_dict(attrs).get("target"))))
+        for key in t.user_attrs:
+            if (m := FLAT.fullmatch(key)) and m.group(1) not in found:
+                found[m.group(1)] = Tier(m.group(1), {}, None)
+    return [found[n] for n in sorted(found, key=lambda n: n != objective)]
+
+
+def slo_text(tier: Tier) -> str:
+    bounds = ", ".join(f"{SLO_NAMES.get(k, k)} <= {v:g} ms" for k, v in tier.slo.items()) or "bounds not recorded"
+    share = f" for at least {tier.target:.0%} of requests" if tier.target is not None else ""
+    return f"{bounds}{share}"
+
+
+def capacity_cell(trial: Trial, tier: str) -> str:
+    """The tier's capacity in req/s, ``pruned`` when the search stopped early, ``-`` when unknown."""
+    found = tier_capacity(trial, tier)
+    pruned = " pruned" if _tier_attrs(trial, tier).get("pruned") else ""
+    return "-" if found is None else number(found) + pruned
+
+
+def curve_trials(study: optuna.Study) -> list[Trial]:
+    """The finalists (or, with no repeats run, the trial of highest capacity), each engine's default after
+    that engine's tuned configs."""
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    finalists = study.user_attrs.get("finalists")
+    numbers = [f.get("trial") for f in finalists if isinstance(f, dict)] if isinstance(finalists, list) else []
+    tuned = [trials[n] for n in numbers if n in trials and not is_default(trials[n])]
+    if not tuned:
+        rated = [(c, t) for t in trials.values() if not is_default(t) and (c := objective_capacity(t)) is not None]
+        tuned = [max(rated, key=lambda ct: ct[0])[1]] if rated else []
+    defaults = [t for t in trials.values() if is_default(t) and _dict(t.user_attrs.get("capacity"))]
+    engines = list(dict.fromkeys(engine_of(t) for t in tuned)) or list(dict.fromkeys(map(engine_of, defaults)))
+    chosen: list[Trial] = []
+    for engine in engines:
+        chosen += [t for t in tuned if engine_of(t) == engine]
+        chosen += [t for t in defaults if engine_of(t) == engine][-1:]  # the latest: an earlier one was re-run
+    return chosen
+
+
+def _step(row: Mapping[str, Any]) -> RateStep | None:
+    rate = _float(row.get("rate_req_s"))
+    if rate is None:
+        return None
+    verdict = "passed" if row.get("passed") else "failed"
+    notes = [verdict, *(flag for flag in ("saturated", "collapsed") if row.get(flag))]
+    return RateStep(rate, _float(row.get("attainment")), _float(row.get("ttft_p95_ms")),
+                    _float(row.get("tpot_p95_ms")), bool(row.get("passed")), ", ".join(notes))  # fmt: skip
+
+
+def curve(trial: Trial, tier: str) -> Curve | None:
+    rows = _tier_attrs(trial, tier).get("steps")
+    steps = [s for r in rows if isinstance(r, dict) and (s := _step(r))] if isinstance(rows, list) else []
+    if not steps:
+        return None
+    about = "<br>".join(map(html.escape, params_list(trial))) if not is_default(trial) else "the engine's defaults"
+    return Curve(trial_name(trial), about, sorted(steps, key=lambda s: s.rate_req_s),
+                 tier_capacity(trial, tier), is_default(trial))  # fmt: skip
+
+
+def capacity_section(study: optuna.Study) -> str:
+    chosen, parts = curve_trials(study), []
+    for i, tier in enumerate(tiers(study)):
+        curves = [c for t in chosen if (c := curve(t, tier.name)) is not None]
+        plot = (capacity_figure(curves, tier.target, tier.slo, f"capacity-plot-{i}") if curves
+                else "<p>no finalist recorded steps for this tier</p>")  # fmt: skip
+        parts.append(f"<h3>Tier {html.escape(tier.name)}</h3><p>SLO: {html.escape(slo_text(tier))}</p>{plot}")
+    intro = ("<p>Each finalist beside its engine's default config: SLO attainment, TTFT p95 and TPOT p95 at each "
+             "request rate measured (× marks a failed step, the star the capacity found).</p>")  # fmt: skip
+    body = intro + "".join(parts) if parts else "<p>no trial recorded a capacity</p>"
+    return f'<section id="capacity"><h2>Capacity under the SLO</h2>{body}</section>'
+
+
+def capacity_table_section(study: optuna.Study) -> str:
+    names = [t.name for t in tiers(study)]
+    head = "".join(f"<th>{html.escape(n)} (req/s)</th>" for n in names)
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        status = t.user_attrs.get("failure") or t.state.name.lower()
+        cells = "".join(f"<td>{html.escape(capacity_cell(t, n))}</td>" for n in names)
+        kind = "engine default" if is_default(t) else html.escape(params_text(t))
+        rows.append(f"<tr><td>{t.number}</td><td>{html.escape(engine_of(t))}</td>"
+                    f"<td>{html.escape(str(status))}</td>{cells}<td>{kind}</td></tr>")  # fmt: skip
+    table = (f"<table><tr><th>trial</th><th>engine</th><th>status</th>{head}<th>params</th></tr>"
+             f"{''.join(rows)}</table>") if rows else "<p>no trials</p>"  # fmt: skip
+    return f'<section id="capacity-table"><h2>Capacity per tier</h2>{table}</section>'
