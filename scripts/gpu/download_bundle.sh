@@ -2,7 +2,8 @@
 # Download (here, where a registry is reachable) the wheels the H200 image lacks, in three sets:
 #   vllm   - ../shared/reference/vllm-0.26.0-h200-wheels.txt
 #   sglang - ../shared/reference/sglang-0.5.17-h200-wheels.txt
-#   tuner  - the tuner's own dependencies missing on the image (optuna 5 and its needs, pydantic, sniffio)
+#   tuner  - the tuner's own dependencies missing on the image (optuna 5 and its needs, pydantic, sniffio,
+#            plotly for the report and its narwhals, the image's narwhals version being unknown)
 # Each set is installed into its own --target folder on the machine (their pins conflict); the files
 # are pooled here so a wheel needed by two sets travels once. Set lists name the files actually
 # downloaded (pip may pick another manylinux tag of the same version, e.g. manylinux2014 for 2_28).
@@ -36,6 +37,8 @@ annotated-types==0.8.0
 typing-inspection==0.4.5
 typing_extensions==4.16.0
 sniffio==1.3.1
+plotly==7.1.0
+narwhals==2.29.0
 EOF
 for set in vllm sglang tuner; do dl -r "$B/sets/$set.in"; done
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # In a device call: wait up to WAIT_S seconds (less if the study ends), then copy the study (a
-# consistent SQLite backup), its log and a tar.gz of the trial logs, setup logs and captures into $OUT.
+# consistent SQLite backup, $STUDY_NAME.db: the name study.sh recorded in $STATE/study.name, else
+# STUDY_NAME, else rag-h200-capacity), its search.log and a tar.gz of the trial logs, setup logs and
+# captures into $OUT.
 #   bash scripts/gpu/poll.sh WAIT_S
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
@@ -11,9 +13,10 @@ while [ "$(date +%s)" -lt "$end" ]; do
   sleep 5
 done
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -f "$STUDY/rag-h200.db" ]; then
+NAME=$(cat "$STATE/study.name" 2>/dev/null || echo "${STUDY_NAME:-rag-h200-capacity}")
+if [ -f "$STUDY/$NAME.db" ]; then
   "$PY" -c "import sqlite3,sys; s=sqlite3.connect(sys.argv[1]); d=sqlite3.connect(sys.argv[2]); s.backup(d); d.close()" \
-    "$STUDY/rag-h200.db" "$OUT/rag-h200.db"
+    "$STUDY/$NAME.db" "$OUT/$NAME.db"
 fi
 cp "$STUDY/search.log" "$OUT/" 2>/dev/null
 tar -czf "$OUT/logs.tar.gz" -C "$ROOT" --exclude='*.safetensors' \

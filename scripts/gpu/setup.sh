@@ -69,7 +69,7 @@ log "setup started; python3 is $PY"
 wait_marker A
 install tuner & p1=$!
 install vllm & p2=$!
-wait $p1 && PYTHONPATH="$PYDEPS/tuner" "$PY" -c "import optuna, pydantic, sqlalchemy, httpx, yaml, psutil, tokenizers, pynvml, numpy; print('tuner deps: optuna', optuna.__version__, 'pydantic', pydantic.__version__, 'sqlalchemy', sqlalchemy.__version__, 'tokenizers', tokenizers.__version__)" > "$STATE/tuner.probe" 2>&1 \
+wait $p1 && PYTHONPATH="$PYDEPS/tuner" "$PY" -c "import optuna, pydantic, sqlalchemy, httpx, yaml, psutil, tokenizers, pynvml, numpy, plotly; print('tuner deps: optuna', optuna.__version__, 'plotly', plotly.__version__, 'pydantic', pydantic.__version__, 'sqlalchemy', sqlalchemy.__version__, 'tokenizers', tokenizers.__version__)" > "$STATE/tuner.probe" 2>&1 \
   && { log "$(cat "$STATE/tuner.probe")"; touch "$STATE/tuner.ok"; } || { log "tuner deps failed"; cat "$STATE/tuner.probe"; touch "$STATE/tuner.failed"; }
 wait $p2 && { wrapper vllm; probe vllm vllm; }
 wait_marker B

@@ -2,21 +2,31 @@
 # Start the study on the H200, from the repository copy, as a copy of scripts/gpu (a running bash
 # script must not be rewritten by the next call's sync of the working tree):
 #   cp -r scripts/gpu /root/state/study-scripts
-#   [STUDY_DB=reports/gpu-h200/rag-h200.db] [OOM=0] [FINALISTS=1 REPEATS=3] \
-#     setsid nohup bash /root/state/study-scripts/study.sh TIMEOUT_S [CONCURRENCY] [TRIALS] > /root/state/study.log 2>&1 &
+#   [STUDY_NAME=rag-h200-capacity] [STUDY_DB=reports/gpu-h200/capacity/rag-h200-capacity.db] [OOM=0] \
+#     [OBJECTIVE=capacity-pareto] [REQUESTS=200] [FINALISTS=0 REPEATS=0] [STRESS=0] \
+#     setsid nohup bash /root/state/study-scripts/study.sh TIMEOUT_S [TRIALS] > /root/state/study.log 2>&1 &
 # Unpacks the carried `git archive HEAD` (.gpubundle/tuner-head.tar.gz; else copies the working tree)
-# into $RUN at once, waits for setup.sh and the models, starts sidecar.py (and oom.py unless OOM=0)
+# into $RUN at once, waits for setup.sh and the models, starts sidecar.py (and oom.py if OOM=1)
 # beside it, then runs `tuner search` (output to $STUDY/search.log; --timeout stops starting trials
-# TIMEOUT_S after this script started). To resume a study brought back into the repository, give
-# STUDY_DB (a path in the repository copy): it is copied to $STUDY/rag-h200.db first, and
-# `tuner search` on the same --study and --storage keeps the trials already recorded.
+# TIMEOUT_S after this script started). The study is $STUDY/$STUDY_NAME.db. To resume a study
+# brought back into the repository, give STUDY_DB (a path in the repository copy): it is copied
+# there first, and `tuner search` on the same --study and --storage keeps the trials already
+# recorded (--trials is the study's budget of booted trials, not this run's).
+#
+# The capacity study (issue 18): --objective capacity-pareto (each trial searches the highest
+# Poisson rate meeting the rag preset's interactive and relaxed GPU tiers), both generated drafts,
+# a pool of REQUESTS prompts so the rate steps send distinct prompts, no closed-loop --concurrency.
+# The engines' compile caches (vLLM's torch.compile, inductor, triton, flashinfer/deep_gemm JIT under
+# XDG_CACHE_HOME) live under $STATE/cache, so every trial of a lease after the first of its engine
+# reuses them.
 set -uo pipefail
 REPO=$(pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/common.sh"
 TIMEOUT_S=${1:?timeout in seconds}
-CONC=${2:-16}
-TRIALS=${3:-60}
+TRIALS=${2:-12}
+NAME=${STUDY_NAME:-rag-h200-capacity}
+DB=$STUDY/$NAME.db
 log() { echo "[$(date +%T)] $*"; }
 rm -rf "$RUN"; mkdir -p "$RUN"
 if [ -f "$REPO/.gpubundle/tuner-head.tar.gz" ]; then
@@ -36,27 +46,34 @@ until [ -f "$STATE/setup.done" ] && [ -f "$MODELS/DONE" ]; do
   sleep 2
 done
 for f in tuner vllm sglang; do [ -f "$STATE/$f.ok" ] || { log "$f not ok"; exit 1; }; done
-left=$(( TIMEOUT_S - ($(date +%s) - started) ))
+left=$(( TIMEOUT_S - ($(date +%s) - started) )); [ "$left" -ge 1 ] || left=1  # --timeout must be above 0
 log "ready; tuner --timeout $left s"
-STORAGE="sqlite:///$STUDY/rag-h200.db"
-if [ -n "${STUDY_DB:-}" ] && [ ! -f "$STUDY/rag-h200.db" ]; then
-  cp "$REPO/$STUDY_DB" "$STUDY/rag-h200.db" && log "resuming $STUDY_DB"
+STORAGE="sqlite:///$DB"
+echo "$NAME" > "$STATE/study.name"
+if [ -n "${STUDY_DB:-}" ] && [ ! -f "$DB" ]; then
+  cp "$REPO/$STUDY_DB" "$DB" && log "resuming $STUDY_DB"
 fi
 rm -f "$CAPTURES/STOP"
 setsid nohup "$PY" "$HERE/sidecar.py" "$CAPTURES" "$CAPTURES/STOP" > "$CAPTURES/sidecar.log" 2>&1 < /dev/null &
 echo $! > "$STATE/sidecar.pid"
-if [ "${OOM:-1}" = 1 ]; then
-  PYTHONPATH="$PYDEPS/tuner" setsid nohup "$PY" "$HERE/oom.py" "$STORAGE" rag-h200 "$RUN/studies/logs/rag-h200" 60 \
+if [ "${OOM:-0}" = 1 ]; then
+  PYTHONPATH="$PYDEPS/tuner" setsid nohup "$PY" "$HERE/oom.py" "$STORAGE" "$NAME" "$RUN/studies/logs/$NAME" 60 \
     > "$CAPTURES/oom.log" 2>&1 < /dev/null &
   echo $! > "$STATE/oom.pid"
 fi
 cd "$RUN"
 echo "$(date +%s)" > "$STATE/search.start"
+CACHE=$STATE/cache; mkdir -p "$CACHE"
+export XDG_CACHE_HOME=$CACHE VLLM_CACHE_ROOT=$CACHE/vllm TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor \
+  TRITON_CACHE_DIR=$CACHE/triton FLASHINFER_WORKSPACE_BASE=$CACHE
+STRESS_FLAG=(); [ "${STRESS:-0}" = 1 ] || STRESS_FLAG=(--no-stress)
+log "tuner search --study $NAME --trials $TRIALS --timeout $left --requests ${REQUESTS:-200} --objective ${OBJECTIVE:-capacity-pareto}"
 PYTHONPATH="$PYDEPS/tuner:$RUN" "$PY" -m tuner search --workload rag --space search_spaces/gpu-h200.yaml \
-  --model "$MODELS/target" --draft-model "$MODELS/draft-2l" \
+  --model "$MODELS/target" --draft-model "$MODELS/draft-2l" --draft-model "$MODELS/draft-1l" \
   --engine-env "vllm=$ENGINES/vllm" --engine-env "sglang=$ENGINES/sglang" \
-  --study rag-h200 --storage "$STORAGE" --concurrency "$CONC" --requests $(( 10 * CONC )) \
-  --trials "$TRIALS" --finalists "${FINALISTS:-0}" --repeats "${REPEATS:-0}" --timeout "$left" > "$STUDY/search.log" 2>&1 &
+  --study "$NAME" --storage "$STORAGE" --objective "${OBJECTIVE:-capacity-pareto}" --requests "${REQUESTS:-200}" \
+  --trials "$TRIALS" --finalists "${FINALISTS:-0}" --repeats "${REPEATS:-0}" "${STRESS_FLAG[@]}" \
+  --timeout "$left" > "$STUDY/search.log" 2>&1 &
 echo $! > "$STATE/search.pid"
 wait $!
 rc=$?

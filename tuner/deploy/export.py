@@ -26,7 +26,7 @@ from tuner.engines import ADAPTERS
 from tuner.engines import env as env_probe
 from tuner.errors import ExportError
 from tuner.naming import safe_name
-from tuner.study.attrs import constraint_violation
+from tuner.study.attrs import constraint_violation, trial_attrs
 from tuner.study.feasible import feasible_pareto
 from tuner.version import __version__
 
@@ -44,8 +44,8 @@ def select_trials(study: optuna.Study, numbers: list[int] | None) -> list[optuna
         if t is None:
             raise ExportError(f"study {study.study_name!r} has no trial {n}")
         if t.state != optuna.trial.TrialState.COMPLETE or constraint_violation(t)[0] > 0:
-            metrics = t.user_attrs.get("metrics") or {}
-            why = t.user_attrs.get("failure") or (
+            metrics = trial_attrs(t).get("metrics") or {}
+            why = trial_attrs(t).get("failure") or (
                 f"error rate {metrics['error_rate']:.3f}" if "error_rate" in metrics else t.state.name
             )
             raise ExportError(f"trial {n} is infeasible ({why}): not exported")
@@ -102,7 +102,7 @@ def _capacity(attrs: dict[str, Any]) -> dict[str, Any]:
 
 def stored_launch(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The launch the trial stored (``LaunchSpec.stored``); a trial of an older tuner has only its argv."""
-    launch = trial.user_attrs.get("launch")
+    launch = trial_attrs(trial).get("launch")
     if not isinstance(launch, dict):
         raise ExportError(
             f"trial {trial.number} was recorded by an older tuner, which kept its command only as an argv: "

@@ -41,6 +41,7 @@ import sqlalchemy.exc
 
 from tuner.errors import ConfigError
 from tuner.measure.trial import TrialContext
+from tuner.study.attrs import STRESS_CHECK_KIND, trial_attrs
 from tuner.study.storage import Outage, redacted
 
 BusyCheck = Callable[[], str | None]  # why this slot's GPUs cannot take a trial now, or None
@@ -197,7 +198,7 @@ def _fail_running(study: optuna.Study, objective: TrialObjective[Any]) -> None:
     (its engines stop with it: each is started through the reaper)."""
 
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if (t.user_attrs.get("worker") or {}).get("pid") == os.getpid():
+        if (trial_attrs(t).get("worker") or {}).get("pid") == os.getpid():
             try:
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             except (ValueError, RuntimeError):
@@ -215,8 +216,9 @@ _IN_PROCESS = threading.Lock()
 
 
 def booted(t: optuna.trial.FrozenTrial) -> bool:
-    attrs = t.user_attrs
-    return bool(attrs.get("booted", attrs.get("failure") != "screened" and attrs.get("config_kind") != "stress_check"))
+    attrs = trial_attrs(t)
+    told = attrs.get("failure") == "screened" or attrs.get("config_kind") == STRESS_CHECK_KIND  # never booted
+    return bool(attrs.get("booted", not told))
 
 
 def boots_used(study: optuna.Study) -> int:

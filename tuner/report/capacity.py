@@ -17,8 +17,9 @@ from typing import Any
 
 import optuna
 
-from tuner.report.describe import engine_of, is_default, number, params_list, params_text, trial_name
+from tuner.report.describe import engine_of, number, params_list, params_text, trial_name
 from tuner.report.plots import Curve, RateStep, capacity_figure
+from tuner.study.attrs import is_default, study_attrs_of, trial_attrs
 
 Trial = optuna.trial.FrozenTrial
 CAPACITY_OBJECTIVES = ("capacity", "capacity-pareto")
@@ -34,7 +35,7 @@ class Tier:
 
 
 def is_capacity_study(study: optuna.Study) -> bool:
-    return study.user_attrs.get("objective") in CAPACITY_OBJECTIVES
+    return study_attrs_of(study).get("objective") in CAPACITY_OBJECTIVES
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -47,17 +48,17 @@ def _float(value: object) -> float | None:
 
 
 def _tier_attrs(trial: Trial, tier: str) -> dict[str, Any]:
-    return _dict(_dict(_dict(trial.user_attrs.get("capacity")).get("tiers")).get(tier))
+    return _dict(_dict(_dict(trial_attrs(trial).get("capacity")).get("tiers")).get(tier))
 
 
 def tier_capacity(trial: Trial, tier: str) -> float | None:
     found = _float(_tier_attrs(trial, tier).get("capacity_req_s"))
-    return found if found is not None else _float(trial.user_attrs.get(f"capacity_{tier}_req_s"))
+    return found if found is not None else _float(trial_attrs(trial).get(f"capacity_{tier}_req_s"))
 
 
 def objective_capacity(trial: Trial) -> float | None:
-    found = _float(trial.user_attrs.get("capacity_req_s"))
-    tier = _dict(trial.user_attrs.get("capacity")).get("objective_tier")
+    found = _float(trial_attrs(trial).get("capacity_req_s"))
+    tier = _dict(trial_attrs(trial).get("capacity")).get("objective_tier")
     return found if found is not None or not isinstance(tier, str) else tier_capacity(trial, tier)
 
 
@@ -66,7 +67,7 @@ def tiers(study: optuna.Study) -> list[Tier]:
     found: dict[str, Tier] = {}
     objective: object = None
     for t in study.get_trials(deepcopy=False):
-        cap = _dict(t.user_attrs.get("capacity"))
+        cap = _dict(trial_attrs(t).get("capacity"))
         objective = objective or cap.get("objective_tier")
         for name, attrs in _dict(cap.get("tiers")).items():
             slo = {k: b for k, v in _dict(_dict(attrs).get("slo")).items() if (b := _float(v)) is not None}
@@ -94,13 +95,13 @@ def curve_trials(study: optuna.Study) -> list[Trial]:
     """The finalists (or, with no repeats run, the trial of highest capacity), each engine's default after
     that engine's tuned configs."""
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    finalists = study.user_attrs.get("finalists")
+    finalists = study_attrs_of(study).get("finalists")
     numbers = [f.get("trial") for f in finalists if isinstance(f, dict)] if isinstance(finalists, list) else []
     tuned = [trials[n] for n in numbers if n in trials and not is_default(trials[n])]
     if not tuned:
         rated = [(c, t) for t in trials.values() if not is_default(t) and (c := objective_capacity(t)) is not None]
         tuned = [max(rated, key=lambda ct: ct[0])[1]] if rated else []
-    defaults = [t for t in trials.values() if is_default(t) and _dict(t.user_attrs.get("capacity"))]
+    defaults = [t for t in trials.values() if is_default(t) and _dict(trial_attrs(t).get("capacity"))]
     engines = list(dict.fromkeys(engine_of(t) for t in tuned)) or list(dict.fromkeys(map(engine_of, defaults)))
     chosen: list[Trial] = []
     for engine in engines:
@@ -147,7 +148,7 @@ def capacity_table_section(study: optuna.Study) -> str:
     head = "".join(f"<th>{html.escape(n)} (req/s)</th>" for n in names)
     rows = []
     for t in study.get_trials(deepcopy=False):
-        status = t.user_attrs.get("failure") or t.state.name.lower()
+        status = trial_attrs(t).get("failure") or t.state.name.lower()
         cells = "".join(f"<td>{html.escape(capacity_cell(t, n))}</td>" for n in names)
         kind = "engine default" if is_default(t) else html.escape(params_text(t))
         rows.append(f"<tr><td>{t.number}</td><td>{html.escape(engine_of(t))}</td>"

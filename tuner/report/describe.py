@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 
-from tuner.study.attrs import DEFAULT_KIND
+from tuner.study.attrs import is_default, trial_attrs
 
 ADDRESS_FLAGS = ("--host", "--port")
 
@@ -37,11 +37,7 @@ def number(value: float) -> str:
 
 
 def engine_of(trial: optuna.trial.FrozenTrial) -> str:
-    return str(trial.user_attrs.get("engine") or trial.params.get("engine") or "?")
-
-
-def is_default(trial: optuna.trial.FrozenTrial) -> bool:
-    return trial.user_attrs.get("config_kind") == DEFAULT_KIND
+    return str(trial_attrs(trial).get("engine") or trial.params.get("engine") or "?")
 
 
 def trial_name(trial: optuna.trial.FrozenTrial) -> str:
@@ -76,10 +72,10 @@ def without_address(argv: Sequence[str]) -> list[str]:
 
 def stored_command(trial: optuna.trial.FrozenTrial) -> list[str] | None:
     """``python -m MODULE ARGS`` without the address: from the stored ``launch``, or an older trial's ``argv``."""
-    launch: Any = trial.user_attrs.get("launch")
+    launch: Any = trial_attrs(trial).get("launch")
     if isinstance(launch, dict) and launch.get("module") and isinstance(launch.get("args"), list):
         return [str(launch.get("python") or "python"), "-m", str(launch["module"]), *map(str, launch["args"])]
-    argv: Any = trial.user_attrs.get("argv")
+    argv: Any = trial_attrs(trial).get("argv")
     return without_address([str(a) for a in argv]) if isinstance(argv, list) and argv else None
 
 
@@ -92,6 +88,6 @@ def launch_command(trial: optuna.trial.FrozenTrial) -> str:
 def engine_line(trial: optuna.trial.FrozenTrial) -> str:
     """``trial 5: vllm 0.32.0, module vllm.entrypoints.openai.api_server`` as far as the trial recorded it."""
     command = stored_command(trial) or []
-    engine = " ".join(str(p) for p in (engine_of(trial), trial.user_attrs.get("engine_version")) if p)
+    engine = " ".join(str(p) for p in (engine_of(trial), trial_attrs(trial).get("engine_version")) if p)
     module = f", module {command[2]}" if len(command) > 2 and command[1] == "-m" else ""
     return f"trial {trial.number}{' (engine default)' if is_default(trial) else ''}: {engine}{module}"

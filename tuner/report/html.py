@@ -23,6 +23,7 @@ from tuner.report.capacity import capacity_section, capacity_table_section, is_c
 from tuner.report.describe import engine_line, engines_text, launch_command, number, params_list, params_text
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.winner import launch_choice
+from tuner.study.attrs import DEFAULT_KIND, SAMPLED_KIND, is_default, study_attrs_of, trial_attrs
 from tuner.study.feasible import feasible_pareto
 from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict
 
@@ -34,7 +35,7 @@ def _completed(study: optuna.Study) -> list[Trial]:
 
 
 def _name(t: Trial) -> str:
-    return f"trial {t.number}" + (" (engine default)" if t.user_attrs.get("config_kind") == "engine_default" else "")
+    return f"trial {t.number}" + (" (engine default)" if is_default(t) else "")
 
 
 def _about(t: Trial) -> str:
@@ -45,12 +46,12 @@ def _about(t: Trial) -> str:
 def pareto_section(study: optuna.Study) -> str:
     front = {t.number for t in feasible_pareto(study)}
     points = [
-        Point(t.user_attrs["ttft_p95_ms"], t.user_attrs["output_throughput_tok_s"], _about(t),
+        Point(trial_attrs(t).get("ttft_p95_ms") or 0.0, trial_attrs(t)["output_throughput_tok_s"], _about(t),
               "Pareto front" if t.number in front else "feasible")
-        for t in _completed(study) if t.user_attrs.get("failure") is None and t.user_attrs.get("ttft_p95_ms")
+        for t in _completed(study) if trial_attrs(t).get("failure") is None and trial_attrs(t).get("ttft_p95_ms")
     ]  # fmt: skip
-    failed = [t for t in _completed(study) if t.user_attrs.get("failure")]
-    rows = "".join(f"<tr><td>{t.number}</td><td>{html.escape(str(t.user_attrs['failure']))}</td>"
+    failed = [t for t in _completed(study) if trial_attrs(t).get("failure")]
+    rows = "".join(f"<tr><td>{t.number}</td><td>{html.escape(str(trial_attrs(t)['failure']))}</td>"
                    f"<td>{html.escape(params_text(t))}</td></tr>" for t in failed)  # fmt: skip
     plot = (scatter(points, "Pareto front", "TTFT p95 (ms)", "output throughput (tok/s)", "pareto-plot")
             if points else "<p>no feasible trial</p>")  # fmt: skip
@@ -60,23 +61,25 @@ def pareto_section(study: optuna.Study) -> str:
 
 def cdf_section(study: optuna.Study) -> str:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    finalists = [f for f in study.user_attrs.get("finalists", []) if f.get("ttft_samples_ms") and f["trial"] in trials]
+    finalists = [
+        f for f in study_attrs_of(study).get("finalists", []) if f.get("ttft_samples_ms") and f["trial"] in trials
+    ]
     series = [Series(f"trial {f['trial']}", f["ttft_samples_ms"], _about(trials[f["trial"]])) for f in finalists]
     if not series:  # no repeats ran: fall back to the front's own runs
-        front = [t for t in feasible_pareto(study) if t.user_attrs.get("ttft_samples_ms")]
-        series = [Series(_name(t), t.user_attrs["ttft_samples_ms"], _about(t)) for t in front]
+        front = [t for t in feasible_pareto(study) if trial_attrs(t).get("ttft_samples_ms")]
+        series = [Series(_name(t), trial_attrs(t)["ttft_samples_ms"], _about(t)) for t in front]
     body = cdf(series, "TTFT CDF", "TTFT (ms)", "ttft-cdf-plot") if series else "<p>no TTFT samples recorded</p>"
     return f'<section id="ttft-cdf"><h2>TTFT of the finalists</h2>{body}</section>'
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
-    sampled = [t for t in _completed(study) if t.user_attrs.get("config_kind") == "sampled"]
+    sampled = [t for t in _completed(study) if trial_attrs(t).get("config_kind") == SAMPLED_KIND]
     if len(sampled) < 2:
         return {}
     capacity = is_capacity_study(study)
 
     def target(t: Trial) -> float:
-        value = objective_capacity(t) if capacity else t.user_attrs.get("output_throughput_tok_s")
+        value = objective_capacity(t) if capacity else trial_attrs(t).get("output_throughput_tok_s")
         return float(value or 0.0)
 
     try:
@@ -102,16 +105,16 @@ CSS = (
 
 
 def best_vs_default_section(study: optuna.Study) -> str:
-    finalists = [f for f in study.user_attrs.get("finalists", []) if isinstance(f, dict)]
+    finalists = [f for f in study_attrs_of(study).get("finalists", []) if isinstance(f, dict)]
     metrics = list(dict.fromkeys(m for f in finalists for m in f.get("stats") or {}))
     head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
     rows = []
     for f in finalists:
         stats = f.get("stats") or {}
         cells = "".join(f"<td>{_interval(s)}</td>" if (s := stats.get(m)) else "<td>-</td>" for m in metrics)
-        kind = "engine default" if f.get("config_kind") == "engine_default" else "tuned"
+        kind = "engine default" if f.get("config_kind") == DEFAULT_KIND else "tuned"
         rows.append(f"<tr><td>trial {f.get('trial')} ({kind})</td>{cells}</tr>")
-    verdict = study.user_attrs.get("verdict")
+    verdict = study_attrs_of(study).get("verdict")
     text = html.escape(describe_verdict(verdict)) if verdict else "no finalist repeats were run"
     table = f"<table><tr><th>config</th>{head}</tr>{''.join(rows)}</table>" if rows else ""
     return (f'<section id="best-vs-default"><h2>Winner against the engine default</h2>'
@@ -131,7 +134,10 @@ def failure_map_section(study: optuna.Study, ranked: list[str]) -> str:
     mapped = [t for t in _completed(study) if all(p in t.params for p in params)]
     points = [
         Point(
-            _axis_value(t.params[x]), _axis_value(t.params[y]), _about(t), str(t.user_attrs.get("failure") or "served")
+            _axis_value(t.params[x]),
+            _axis_value(t.params[y]),
+            _about(t),
+            str(trial_attrs(t).get("failure") or "served"),
         )
         for t in mapped
         for x, y in [params]
@@ -154,7 +160,10 @@ def _axis_value(value: Any) -> float | str:
 def acceptance_section(study: optuna.Study) -> str:
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
     for t in _completed(study):
-        config, rate = t.user_attrs.get("config") or {}, (t.user_attrs.get("server") or {}).get("spec_acceptance_rate")
+        config, rate = (
+            trial_attrs(t).get("config") or {},
+            (trial_attrs(t).get("server") or {}).get("spec_acceptance_rate"),
+        )
         if rate is not None and config.get("num_speculative_tokens"):
             groups[(str(config.get("draft_model")), int(config["num_speculative_tokens"]))].append(rate)
     rows = "".join(
@@ -207,9 +216,9 @@ def write_report(study: optuna.Study, out_root: Path) -> Path:
 
 def summary_md(study: optuna.Study) -> str:
     front = [t.number for t in feasible_pareto(study)]
-    lines = [f"# Study {study.study_name}", "", f"- workload: {study.user_attrs.get('workload')}",
+    lines = [f"# Study {study.study_name}", "", f"- workload: {study_attrs_of(study).get('workload')}",
              f"- trials: {len(study.trials)}, feasible Pareto front: {front}"]  # fmt: skip
-    verdict = study.user_attrs.get("verdict")
+    verdict = study_attrs_of(study).get("verdict")
     if verdict:
         lines.append(f"- {describe_verdict(verdict)}")
     said, trials = launch_choice(study)

@@ -11,7 +11,8 @@ from typing import Any
 import optuna
 
 from tuner.report.capacity import capacity_cell, is_capacity_study, slo_text, tiers
-from tuner.report.describe import engine_of, is_default, params_text
+from tuner.report.describe import engine_of, params_text
+from tuner.study.attrs import is_default, study_attrs_of
 from tuner.study.feasible import feasible_pareto
 from tuner.study.verdict import describe_verdict, interval_text
 
@@ -55,7 +56,7 @@ def header(study: optuna.Study) -> tuple[str, ...]:
 
 def trial_rows(study: optuna.Study) -> list[tuple[str, ...]]:
     front = {t.number for t in feasible_pareto(study)}
-    finalists = {f.get("trial"): f for f in study.user_attrs.get("finalists", []) if isinstance(f, dict)}
+    finalists = {f.get("trial"): f for f in study_attrs_of(study).get("finalists", []) if isinstance(f, dict)}
     capacity = is_capacity_study(study)
     names = [t.name for t in tiers(study)] if capacity else []
     metric = "capacity_req_s" if capacity else "output_throughput_tok_s"
@@ -96,7 +97,7 @@ def search_effort(study: optuna.Study) -> str:
 
 def trials_table(study: optuna.Study) -> str:
     legend = "* feasible Pareto-optimal"
-    verdict = study.user_attrs.get("verdict")
+    verdict = study_attrs_of(study).get("verdict")
     lines = [format_table(trial_rows(study), header(study)), legend]
     if is_capacity_study(study):
         lines += [f"SLO {tier.name}: {slo_text(tier)}" for tier in tiers(study)]

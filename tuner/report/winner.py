@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 
 from tuner.report.capacity import is_capacity_study, objective_capacity
+from tuner.study.attrs import study_attrs_of
 from tuner.study.feasible import feasible_pareto, feasible_trials
 
 Trial = optuna.trial.FrozenTrial
@@ -18,7 +19,7 @@ Trial = optuna.trial.FrozenTrial
 
 def launch_choice(study: optuna.Study) -> tuple[str, list[Trial]]:
     """A sentence naming the winner (or saying why there is none) and the trials whose commands to show."""
-    verdict: Any = study.user_attrs.get("verdict")
+    verdict: Any = study_attrs_of(study).get("verdict")
     if not isinstance(verdict, dict) or not verdict.get("kind"):
         best = _best_feasible(study)
         if best is None:

@@ -35,7 +35,7 @@ from tuner.measure.statistics import interval
 from tuner.measure.stress import judge as judge_stress
 from tuner.measure.trial import TrialContext, TrialResult, run_trial
 from tuner.search import scoring as objectives
-from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND
+from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND, STRESS_CHECK_KIND, is_default, study_attrs_of, trial_attrs
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
 from tuner.study.verdict import TOO_FEW_RUNS
 
@@ -48,9 +48,9 @@ def run_finalists(
     """Repeat and stress-check the finalists, store ``finalists``, ``stress`` and ``verdict`` on the
     study, and return the verdict."""
     ranked = pick_finalists(study, len(study.trials))
-    chosen = [t for t in ranked if t.user_attrs.get("config_kind") != DEFAULT_KIND][:k]
-    chosen += [t for t in ranked if t.user_attrs.get("config_kind") == DEFAULT_KIND]
-    chosen.sort(key=lambda t: t.user_attrs.get("config_kind") != DEFAULT_KIND)  # the default first: the reference
+    chosen = [t for t in ranked if not is_default(t)][:k]
+    chosen += [t for t in ranked if is_default(t)]
+    chosen.sort(key=lambda t: not is_default(t))  # the default first: the reference
     finalists, checked = [], {}
     for trial in chosen:
         runs = _runs(trial, n, ctx, enforce_eager, stress)
@@ -60,7 +60,7 @@ def run_finalists(
             checked[trial.number] = (trial, runs[-1])
     if stress:
         _record_checks(study, checked, ctx)
-        spare = [t for t in ranked if t not in chosen and t.user_attrs.get("config_kind") != DEFAULT_KIND]
+        spare = [t for t in ranked if t not in chosen and not is_default(t)]
         while spare and not _a_tuned_config_passed(study, chosen):
             trial = spare.pop(0)
             chosen.append(trial)
@@ -81,7 +81,7 @@ def run_finalists(
 def _runs(trial: optuna.trial.FrozenTrial, n: int, ctx: TrialContext, eager: bool, stress: bool) -> list[TrialResult]:
     config = config_of(trial, eager)
     # A capacity repeat starts at the trial's own capacity, so two steps bracket it, and is never pruned.
-    metrics = trial.user_attrs.get("metrics") or {}
+    metrics = trial_attrs(trial).get("metrics") or {}
     own = {
         tier: float(metrics.get(f"capacity_{tier}_req_s") or 0.0)
         for tier in (ctx.capacity.scored if ctx.capacity else ())
@@ -98,7 +98,7 @@ def _summary(trial: optuna.trial.FrozenTrial, runs: list[TrialResult]) -> dict[s
     stats = {m: interval([r.metrics[m] for r in served]) for m in REPORTED if served and m in served[0].metrics}
     return {
         "trial": trial.number,
-        "config_kind": trial.user_attrs.get("config_kind"),
+        "config_kind": trial_attrs(trial).get("config_kind"),
         "failures": [r.failure for r in runs if r.failure is not None],
         "stats": stats,
         "ttft_samples_ms": sorted(x for r in served for x in r.ttft_samples_ms),
@@ -108,20 +108,21 @@ def _summary(trial: optuna.trial.FrozenTrial, runs: list[TrialResult]) -> dict[s
 def _judge_one(
     trial: optuna.trial.FrozenTrial, run: TrialResult, slo: dict[str, float], default_ttft_ms: float | None
 ) -> dict[str, Any]:
-    entry: dict[str, Any] = {"trial": trial.number, "config_kind": trial.user_attrs.get("config_kind")}
+    entry: dict[str, Any] = {"trial": trial.number, "config_kind": trial_attrs(trial).get("config_kind")}
     if run.stress is None:
         return {**entry, "ran": False, "failure": None, "why": f"the boot before it failed: {run.failure}"}
     s, m = run.stress, run.stress["metrics"]
     is_default = entry["config_kind"] == DEFAULT_KIND
+    measured = {k: v for k, v in (trial_attrs(trial).get("metrics") or {}).items() if v is not None}
     failure = judge_stress(
-        m, trial.user_attrs.get("metrics") or {}, slo, s["alive"], s["log"], s["killed"],
+        m, measured, slo, s["alive"], s["log"], s["killed"],
         None if is_default else default_ttft_ms,
     )  # fmt: skip
     kept = ("ttft_p95_ms", "e2e_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "error_rate", "n_requests")
     return {
         **entry, "ran": True, "failure": failure, **{k: _finite(m.get(k)) for k in kept},
         "prompt_tokens": s["prompt_tokens"], "concurrency": s["concurrency"],
-        "trial_ttft_p95_ms": (trial.user_attrs.get("metrics") or {}).get("ttft_p95_ms"),
+        "trial_ttft_p95_ms": (trial_attrs(trial).get("metrics") or {}).get("ttft_p95_ms"),
         "default_ttft_p95_ms": default_ttft_ms, "log_tail": s["log"][-3000:] if failure else "",
     }  # fmt: skip
 
@@ -133,7 +134,7 @@ def _finite(value: Any) -> Any:
 def _record_checks(
     study: optuna.Study, checked: dict[int, tuple[optuna.trial.FrozenTrial, TrialResult]], ctx: TrialContext
 ) -> None:
-    checks = dict(study.user_attrs.get("stress") or {})
+    checks = dict(study_attrs_of(study).get("stress") or {})
     default = next((c for c in checks.values() if c["config_kind"] == DEFAULT_KIND and c.get("ran")), None)
     default_ttft = default.get("ttft_p95_ms") if default else None
     for number, (trial, run) in checked.items():
@@ -161,11 +162,11 @@ def _describe(entry: dict[str, Any]) -> str:
 
 def _add_failed_check(study: optuna.Study, trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> None:
     """The failed check as a trial of its own, so the sampler and the dashboard see the class."""
-    objective = study.user_attrs.get("objective", "pareto")
+    objective = study_attrs_of(study).get("objective", "pareto")
     attrs = {
-        "config_kind": "stress_check", "stress_of": trial.number, "failure": entry["failure"],
-        "constraint_violation": 1.0, "engine": trial.user_attrs.get("engine"),
-        "config": trial.user_attrs.get("config"), "launch": trial.user_attrs.get("launch"), "stress": entry,
+        "config_kind": STRESS_CHECK_KIND, "stress_of": trial.number, "failure": entry["failure"],
+        "constraint_violation": 1.0, "engine": trial_attrs(trial).get("engine"),
+        "config": trial_attrs(trial).get("config"), "launch": trial_attrs(trial).get("launch"), "stress": entry,
     }  # fmt: skip
     study.add_trial(
         optuna.trial.create_trial(
@@ -179,8 +180,8 @@ def _add_failed_check(study: optuna.Study, trial: optuna.trial.FrozenTrial, entr
 
 
 def _a_tuned_config_passed(study: optuna.Study, chosen: list[optuna.trial.FrozenTrial]) -> bool:
-    checks = study.user_attrs.get("stress") or {}
-    tuned = [t.number for t in chosen if t.user_attrs.get("config_kind") != DEFAULT_KIND]
+    checks = study_attrs_of(study).get("stress") or {}
+    tuned = [t.number for t in chosen if not is_default(t)]
     return not tuned or any(checks.get(str(n), {}).get("ran") and not checks[str(n)]["failure"] for n in tuned)
 
 
@@ -193,12 +194,12 @@ REPORTED = (
 
 def deciders(study: optuna.Study) -> list[str]:
     """The metrics a verdict is on: capacity under each scored tier, else goodput (with SLOs) or throughput."""
-    objective = study.user_attrs.get("objective")
+    objective = study_attrs_of(study).get("objective")
     if objective == "capacity":
         return ["capacity_req_s"]
     if objective == "capacity-pareto":
         return ["capacity_interactive_req_s", "capacity_relaxed_req_s"]
-    return ["goodput_req_s" if study.user_attrs.get("slo") else "output_throughput_tok_s"]
+    return ["goodput_req_s" if study_attrs_of(study).get("slo") else "output_throughput_tok_s"]
 
 
 def decider(study: optuna.Study) -> str:
@@ -210,14 +211,14 @@ def pick_finalists(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial
     engine defaults; with two tiers, each tier's best are finalists, since their winners differ."""
     front = {t.number for t in feasible_pareto(study)}
     feasible = feasible_trials(study)
-    tuned = [t for t in feasible if t.user_attrs.get("config_kind") != DEFAULT_KIND]
+    tuned = [t for t in feasible if not is_default(t)]
     chosen: list[optuna.trial.FrozenTrial] = []
     for key in deciders(study):
         ranked = sorted(
-            tuned, key=lambda t: (t.number not in front, -float(t.user_attrs.get("metrics", {}).get(key) or 0.0))
+            tuned, key=lambda t: (t.number not in front, -float(trial_attrs(t).get("metrics", {}).get(key) or 0.0))
         )
         chosen += [t for t in ranked[:k] if t not in chosen]
-    return chosen + [t for t in feasible if t.user_attrs.get("config_kind") == DEFAULT_KIND]
+    return chosen + [t for t in feasible if is_default(t)]
 
 
 def config_of(trial: optuna.trial.FrozenTrial, enforce_eager: bool) -> Config:

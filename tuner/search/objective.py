@@ -39,7 +39,7 @@ from tuner.search.pruning import FrontWatch, checkpoints
 from tuner.search.rejections import REJECTED, rejected_like
 from tuner.search.scoring import values, violation
 from tuner.search.space import Space, suggest
-from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND
+from tuner.study.attrs import CONSTRAINT, SAMPLED_KIND, is_default, trial_attrs
 from tuner.study.feasible import feasible_trials
 
 SCREENED = "screened"
@@ -79,11 +79,11 @@ class SearchObjective:
     def prepare(self, trial: optuna.Trial) -> Prepared:
         """Sample and screen (fast: parallel workers do this one at a time, under a lock). A screened
         trial, or one whose config was already measured, is recorded here and carries what to tell."""
-        is_default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
-        if not is_default:
-            trial.set_user_attr("config_kind", "sampled")
+        default = is_default(trial)
+        if not default:
+            trial.set_user_attr("config_kind", SAMPLED_KIND)
         ctx = self.ctx
-        config = suggest(trial, self.space, list(ctx.engines), list(ctx.model.drafts), is_default)
+        config = suggest(trial, self.space, list(ctx.engines), list(ctx.model.drafts), default)
         finished = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         adapter = ctx.engines[config.engine][0]
         est = estimate(
@@ -91,15 +91,15 @@ class SearchObjective:
             adapter.default_memory_fraction, adapter.kv_tokens_required(ctx.model), self.free_memory(),
         )  # fmt: skip
         estimate_attrs = None if est is None else est.as_dict()
-        twin = None if is_default else self._measured_twin(config)
+        twin = None if default else self._measured_twin(config)
         if twin is not None:
             return self._duplicate(trial, config, twin, estimate_attrs)
         like = rejected_like(config, finished) if self.screen else None
         if like is not None:
             why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)
-        if not (self.screen and not is_default and est is not None and not est.fits):
-            return Prepared(config, estimate_attrs, is_default)
+        if not (self.screen and not default and est is not None and not est.fits):
+            return Prepared(config, estimate_attrs, default)
         why = (f"KV cache for {est.predicted_tokens} tokens predicted, {est.required_tokens} needed "
                f"({est.basis})")  # fmt: skip
         return self._not_booted(trial, config, SCREENED, SCREENED, why, estimate_attrs)
@@ -126,7 +126,7 @@ class SearchObjective:
         seen = [t.params for t in self.study.get_trials(deepcopy=False)]
         fresh = [p for p in points if p not in seen]
         if fresh:
-            self.study.enqueue_trial(random.Random(number).choice(fresh), user_attrs={"config_kind": "sampled"})
+            self.study.enqueue_trial(random.Random(number).choice(fresh), user_attrs={"config_kind": SAMPLED_KIND})
 
     def _duplicate(
         self, trial: optuna.Trial, config: Config, twin: optuna.trial.FrozenTrial, est: dict[str, Any] | None
@@ -178,14 +178,14 @@ class SearchObjective:
             return best
         for t in feasible_trials(self.study):
             for tier in plan.scored:
-                value = (t.user_attrs.get("metrics") or {}).get(f"capacity_{tier}_req_s")
+                value = (trial_attrs(t).get("metrics") or {}).get(f"capacity_{tier}_req_s")
                 if isinstance(value, int | float) and value > best.get(tier, 0.0):
                     best[tier] = float(value)
         return best
 
     def _watch(self) -> WatchFactory:
-        references = {t.number: t.user_attrs["checkpoints"] for t in feasible_trials(self.study)
-                      if t.user_attrs.get("checkpoints")}  # fmt: skip
+        references = {t.number: trial_attrs(t)["checkpoints"] for t in feasible_trials(self.study)
+                      if trial_attrs(t).get("checkpoints")}  # fmt: skip
 
         def factory(n_total: int, boot_s: float) -> FrontWatch:
             return FrontWatch(n_total, references, self.objective, self.ctx.slo, time.perf_counter(), boot_s)

@@ -41,7 +41,7 @@ from tuner.search.resolve import (
 from tuner.search.samplers import make_sampler
 from tuner.search.scoring import check_objective, directions
 from tuner.search.space import Space, check_space_fits, load_space
-from tuner.study.attrs import bind_study_attrs, enqueue_defaults
+from tuner.study.attrs import SAMPLED_KIND, bind_study_attrs, enqueue_defaults
 from tuner.study.storage import open_study, storage_url
 from tuner.study.verdict import describe_verdict
 from tuner.workloads import source
@@ -58,7 +58,7 @@ def enqueue_grid(study: optuna.Study, space: Space, engines: list[str], drafts: 
     done = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False)]
     for point in shuffled(grid_points(space, engines, drafts), seed):
         if point not in done:
-            study.enqueue_trial(point, user_attrs={"config_kind": "sampled"})
+            study.enqueue_trial(point, user_attrs={"config_kind": SAMPLED_KIND})
 
 
 def free_memory(device: Device, gpu: int = 0) -> Callable[[], int | None]:

@@ -27,6 +27,7 @@ from typing import Any
 import optuna
 
 from tuner.errors import ConfigError
+from tuner.study.attrs import DEFAULT_KIND, STRESS_CHECK_KIND
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid")
 TPE_STARTUP = 10
@@ -37,7 +38,7 @@ def _sampled(t: optuna.trial.FrozenTrial) -> bool:
     """A trial the sampler proposed (or is proposing): not the engine default, a repeat of an
     earlier outcome, or a stress-check record."""
     a = t.user_attrs
-    return a.get("config_kind") not in ("engine_default", "stress_check") and a.get("duplicate_of") is None
+    return a.get("config_kind") not in (DEFAULT_KIND, STRESS_CHECK_KIND) and a.get("duplicate_of") is None
 
 
 class _SampledView:

@@ -10,13 +10,93 @@ feasible Pareto front and never exported.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import optuna
 
 from tuner.errors import ConfigError
 
-DEFAULT_KIND = "engine_default"
+DEFAULT_KIND = "engine_default"  # each engine's default config, enqueued first: the reference
+SAMPLED_KIND = "sampled"  # a config the sampler (or the grid) proposed
+STRESS_CHECK_KIND = "stress_check"  # a finalist's failed stress check, recorded as an infeasible trial of its own
+
+
+class TrialAttrs(TypedDict, total=False):
+    """Every user attribute a trial carries, with its type: the one place their names are defined.
+
+    Read them through ``trial_attrs(t)``, so mypy checks each key; the values are what
+    ``tuner.search.objective.record`` (and the loop, the screen and the finalists) store.
+    """
+
+    config_kind: str  # DEFAULT_KIND, SAMPLED_KIND or STRESS_CHECK_KIND
+    booted: bool
+    worker: dict[str, Any]
+    duplicate_of: int
+    rejected_like: int
+    stress_of: int
+    stress: dict[str, Any]
+    failure: str | None
+    constraint_violation: float
+    ttft_p95_ms: float | None
+    output_throughput_tok_s: float
+    launch: dict[str, Any]  # LaunchSpec.stored(): python, module, args, host, port, env
+    argv: list[str]  # trials of older tuners only
+    engine: str
+    engine_version: str
+    config: dict[str, Any]
+    metrics: dict[str, float | None]
+    server: dict[str, float | None]
+    served_by: dict[str, Any]
+    peak_memory_bytes: int
+    engine_gpu_peak_bytes: int | None
+    boot_s: float | None
+    log_path: str
+    log_tail: str
+    warnings: list[str]
+    ttft_samples_ms: list[float]
+    request_log: list[dict[str, Any]]
+    checkpoints: dict[str, dict[str, float]]
+    ci: dict[str, Any]
+    phases_s: dict[str, float]
+    pruned: dict[str, Any] | None
+    memory_estimate: dict[str, Any] | None
+    memory_facts: dict[str, float]
+    capacity: dict[str, Any]  # CapacityOutcome.as_dict(): every tier's search and curve
+    capacity_req_s: float
+    capacity_interactive_req_s: float
+    capacity_relaxed_req_s: float
+    slo: dict[str, Any]  # the scored tier, its bounds and the attainment target
+
+
+class StudyAttrs(TypedDict, total=False):
+    """Every user attribute a study carries: what it is about, and what its finalists found."""
+
+    workload: str
+    workload_digest: str
+    model: str
+    drafts: dict[str, str]
+    hardware: dict[str, Any]
+    engines: dict[str, dict[str, Any]]
+    space: dict[str, Any]
+    objective: str
+    slo: dict[str, float]
+    capacity_plan: dict[str, Any] | None
+    options: dict[str, Any]
+    finalists: list[dict[str, Any]]
+    verdict: dict[str, Any]
+    stress: dict[str, dict[str, Any]]
+
+
+def trial_attrs(trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialAttrs:
+    return cast(TrialAttrs, trial.user_attrs)
+
+
+def study_attrs_of(study: optuna.Study) -> StudyAttrs:
+    return cast(StudyAttrs, study.user_attrs)
+
+
+def is_default(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
+    return trial_attrs(trial).get("config_kind") == DEFAULT_KIND
 
 
 CONSTRAINT = "failure_or_error_rate"

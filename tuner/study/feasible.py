@@ -10,14 +10,14 @@ import math
 
 import optuna
 
-from tuner.study.attrs import constraint_violation
+from tuner.study.attrs import constraint_violation, study_attrs_of, trial_attrs
 
 __all__ = ["feasible_pareto", "feasible_trials", "stress_failures"]
 
 
 def stress_failures(study: optuna.Study) -> dict[int, str]:
     """Trials whose stress check failed (``tuner.measure.stress``), with the class it earned."""
-    checks = study.user_attrs.get("stress") or {}
+    checks = study_attrs_of(study).get("stress") or {}
     return {int(n): c["failure"] for n, c in checks.items() if c.get("failure")}
 
 
@@ -29,7 +29,7 @@ def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if constraint_violation(t)[0] <= 0.0 and t.number not in failed and t.user_attrs.get("duplicate_of") is None
+        if constraint_violation(t)[0] <= 0.0 and t.number not in failed and trial_attrs(t).get("duplicate_of") is None
     ]
 
 
