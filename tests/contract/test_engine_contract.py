@@ -52,6 +52,8 @@ def discrete_points() -> list[dict[str, Any]]:
         points.append({**base, "num_speculative_tokens": 0})
         for k, draft in itertools.product((1, 3, 5), ("draft-2l", "draft-1l", "ngram")):
             points.append({**base, "num_speculative_tokens": k, "draft_model": draft})
+    for schedule in ([[1, 8, 3], [9, 4096, 0]], [[1, 4, 3], [5, 16, 1], [17, 4096, 0]]):  # vLLM only
+        points.append({"num_speculative_tokens": 3, "draft_model": "draft-2l", "spec_schedule": schedule})
     return points
 
 
@@ -83,6 +85,8 @@ def test_every_argv_is_accepted_and_does_what_the_trial_claims(
         assert verdict["speculative"] is asked, (params, verdict)
         if asked:
             assert verdict["num_speculative_tokens"] == params["num_speculative_tokens"], (params, verdict)
+        if adapter.name == "vllm":  # the schedule reaches vLLM's own config exactly, or not at all
+            assert verdict["schedule"] == params.get("spec_schedule"), (params, verdict)
 
 
 def test_a_launch_file_reads_back_to_the_same_argv(engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec) -> None:

@@ -197,7 +197,7 @@ def test_tuner_drive_finds_the_capacity_of_a_running_server(server: Served, meas
         # the answer is the highest pass below every fail, and each step says what it measured
         assert found["capacity_req_s"] == max((r for r in passing if r < min(failing, default=math.inf)), default=0.0)
         for s in steps:
-            assert 0.0 <= s["attainment"] <= 1.0 and s["n_requests"] >= 12 and s["duration_s"] > 0
+            assert 0.0 <= s["attainment"] <= 1.0 and 0 <= s["n_counted"] <= s["n_requests"] and s["duration_s"] > 0
             assert s["server"].get("prefix_cache_hit_rate") is not None, "the server's counters, per step"
         assert "attainment" in done.stderr and f"{tier}: " in done.stderr, "each step says its rate as it ends"
     # a rate both searches asked for was measured once and judged twice: looser bounds pass at least as much

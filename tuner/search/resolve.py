@@ -137,19 +137,30 @@ def parse_slo_flags(texts: Sequence[str]) -> tuple[dict[str, float] | None, dict
     return plain, tiers
 
 
+def check_capacity_flags(opts: SearchOptions) -> None:
+    """The capacity flags checked on their own, before any engine is probed: a bad tier or an SLO no
+    request could meet is one line at once, not after a model was generated."""
+    if not is_capacity(opts.objective):
+        return
+    if opts.tier not in TIER_NAMES:
+        raise ConfigError(f"--tier {opts.tier!r}: expected one of {', '.join(TIER_NAMES)}")
+    if opts.slo is not None and opts.objective != "capacity":
+        raise ConfigError("--objective capacity-pareto scores two tiers: name each, --slo interactive:KEY=MS,...")
+    given = {**opts.slo_tiers, **({opts.tier: opts.slo} if opts.slo is not None else {})}
+    for name, slo in given.items():
+        check_reachable(name, check_slo(slo))
+
+
 def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> CapacityPlan | None:
     """The capacity search every trial runs (None for the older objectives): the preset's tiers for
     this device, ``--slo`` over them, the step sizes for this device, resolved once here."""
     if not is_capacity(opts.objective):
         return None
-    if opts.tier not in TIER_NAMES:
-        raise ConfigError(f"--tier {opts.tier!r}: expected one of {', '.join(TIER_NAMES)}")
+    check_capacity_flags(opts)
     scored = (opts.tier,) if opts.objective == "capacity" else TIER_NAMES
     tiers = {name: _bounds(slo) for name, slo in workload.tiers.for_device(device.kind).items()}
     tiers.update(opts.slo_tiers)
     if opts.slo is not None:
-        if opts.objective != "capacity":
-            raise ConfigError("--objective capacity-pareto scores two tiers: name each, --slo interactive:KEY=MS,...")
         tiers[opts.tier] = dict(opts.slo)
     for name in scored:
         if not tiers.get(name):
@@ -168,7 +179,7 @@ def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> Ca
 
 # Step sizes per device. On the CPU build a boot costs a minute and a request seconds, so steps are
 # short and the search starts low; on a GPU a step needs enough requests for a p95 of its own.
-CPU_STEPS: dict[str, Any] = {"start_rate": 0.5, "min_step_s": 6.0, "min_requests": 10, "max_steps": 6}
+CPU_STEPS: dict[str, Any] = {"start_rate": 0.5, "min_step_s": 6.0, "min_requests": 10, "max_steps": 8}
 GPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10}
 MIN_TTFT_MS = 1.0  # no server answers over HTTP within a millisecond
 

@@ -31,6 +31,7 @@ from tuner.search.objective import SearchObjective
 from tuner.search.options import Plan, SearchOptions, plan_of
 from tuner.search.resolve import (
     capacity_plan,
+    check_capacity_flags,
     detect_device,
     preset_slo,
     resolve_engines,
@@ -101,6 +102,7 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
     if opts.trials is not None and opts.trials < 0:
         raise ConfigError(f"--trials must be at least 0, got {opts.trials}")
     given = source(opts.workload)  # a bad preset name or trace file fails before any engine is probed
+    check_capacity_flags(opts)
     space = Space.model_validate(opts.space_dump) if opts.space_dump else load_space(opts.space)
     engines = resolve_engines(space, opts.engine_envs, opts.engines, progress)
     first_env = next(iter(engines.values()))[1]

@@ -49,6 +49,10 @@ def check(argv: list[str]) -> dict[str, Any]:
         "speculative": spec is not None,
         "method": None if spec is None else spec.method,
         "num_speculative_tokens": None if spec is None else spec.num_speculative_tokens,
+        # K by batch size (vLLM 0.26+), as the engine parsed it: [[first, last, K], ...] or None
+        "schedule": None
+        if getattr(spec, "num_speculative_tokens_per_batch_size", None) is None
+        else [list(r) for r in spec.num_speculative_tokens_per_batch_size],
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "max_num_seqs": config.scheduler_config.max_num_seqs,
     }
