@@ -11,8 +11,10 @@ Rules, chosen so the answer is conservative and the search always ends:
 - steady window: requests sent in the first and the last ``STEADY_TRIM`` of the step's duration are
   ramp-up and drain; they count for throughput but not for attainment.
 - saturation: the number of requests in flight, sampled across the steady window, grows with a
-  least-squares slope above ``SATURATION_SHARE`` of the arrival rate and by at least ``SATURATION_RISE``
-  requests (completions lag arrivals, so the queue never settles).
+  least-squares slope above ``SATURATION_SHARE`` of the arrival rate, and by more than Poisson noise
+  moves it (``SATURATION_RISE`` requests, or three square roots of the mean in flight, whichever is
+  more): completions lag arrivals, so the queue never settles. Mid-step it is judged only over at
+  least ``MIN_WATCH_S`` after warm-up, since in-flight climbs to its level in a step's first seconds.
 - non-monotone curves: ``capacity_req_s`` is the highest passing rate *below the lowest failing rate*;
   a pass above a fail does not count, and the bisection bracket is (that pass, the lowest fail).
 """
@@ -33,6 +35,9 @@ STEADY_TRIM = 0.10  # share of the step's duration dropped at each end as ramp-u
 SATURATION_SHARE = 0.10  # in-flight growth, as a share of the arrival rate, that means the queue never settles
 SATURATION_RISE = 8.0  # fewest requests the in-flight count must rise by, so Poisson noise at low rates is no signal
 SATURATION_SAMPLES = 32
+# Poisson arrivals make in-flight wander by about its square root: a rise is believed above 3 of those.
+SATURATION_SIGMAS = 3.0
+MIN_WATCH_S = 5.0  # mid-step, saturation is judged over at least this long after warm-up, never on a glimpse
 FLOOR_DIVISOR = 8.0  # with no incumbent, halve down to start_rate / 8 before reporting no capacity
 PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at 0.75 * c
 MIN_DECIDED = 20  # fewest decided requests before a mid-step collapse is believed
@@ -113,7 +118,8 @@ def saturated(
     in_flight = ((sent[None, :] <= times[:, None]) & (ends[None, :] > times[:, None])).sum(axis=1)
     slope = float(np.polyfit(times, in_flight.astype(float), 1)[0])
     arrival_rate = float(((sent >= start_s) & (sent <= end_s)).sum()) / span
-    return slope * span >= min_rise and slope > share * arrival_rate
+    rise_needed = max(min_rise, SATURATION_SIGMAS * math.sqrt(max(float(in_flight.mean()), 1.0)))
+    return slope * span >= rise_needed and slope > share * arrival_rate
 
 
 def collapsed(attainment: float, target: float) -> bool:
@@ -123,7 +129,7 @@ def collapsed(attainment: float, target: float) -> bool:
 
 def should_abort(rows: Sequence[Row], slo: Mapping[str, float], target: float, now_s: float, warmup_s: float) -> bool:
     """Mid-step: saturated, or the requests already decided after warm-up have collapsed attainment."""
-    if saturated(rows, warmup_s, now_s):
+    if now_s - warmup_s >= MIN_WATCH_S and saturated(rows, warmup_s, now_s):
         return True
     good = bad = 0
     for row in rows:

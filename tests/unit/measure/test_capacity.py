@@ -287,3 +287,28 @@ def test_h200_capture_strict_and_relaxed_capacity() -> None:
     assert versus.capacity_req_s == 4.0 and not versus.pruned
     pruned = search_ladder(default, STRICT, incumbent=4.0, max_rate=top)
     assert pruned.pruned and pruned.capacity_req_s == 0.0 and len(pruned.steps) == 2
+
+
+def poisson_rows(rate: float, duration: float, latency: float, seed: int) -> list[dict[str, Any]]:
+    """Seeded Poisson arrivals to a server that keeps up: every request takes ``latency``, no queue."""
+    rng, rows, at = random.Random(seed), [], 0.0
+    while True:
+        at += rng.expovariate(rate)
+        if at > duration:
+            return rows
+        rows.append(row(at, 0.05, latency, tokens=128))
+
+
+def test_a_busy_server_that_keeps_up_is_not_called_saturated_early() -> None:
+    """As on the H200: 13 req/s of one-second requests, judged 3 s into a step. In-flight climbs to
+    its level in the first second and then only wanders (Poisson), which must not stop the step."""
+    slo = {"ttft_p95_ms": 1000.0, "tpot_p95_ms": 20.0}
+    for seed in range(40):
+        rows = poisson_rows(13.0, 15.0, 1.0, seed)
+        seen = [r if r["done_s"] <= 3.0 else {**r, "first_s": None, "done_s": None} for r in rows if r["sent_s"] <= 3.0]
+        assert not should_abort(seen, slo, 0.9, now_s=3.0, warmup_s=1.5), seed
+        assert not saturated(rows, 1.5, 13.5), seed
+    # the same rate against a server that serves one at a time (each 0.1 s) still piles up, and says so
+    overload = queued(13.0, 15.0, 0.1)
+    seen = [r if r["done_s"] <= 8.0 else {**r, "first_s": None, "done_s": None} for r in overload if r["sent_s"] <= 8.0]
+    assert should_abort(seen, {"e2e_p95_ms": 1e9}, 0.9, now_s=8.0, warmup_s=1.5)
