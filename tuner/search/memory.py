@@ -194,7 +194,6 @@ _FACTS = (
     ("kv_tokens", rf"KV Cache is allocated\..*#tokens: {_NUMBER}", 1.0),
     ("available_kv_bytes", rf"Available KV cache memory: {_NUMBER} GiB", GIB),
     ("weights_bytes", rf"Model loading took {_NUMBER} GiB", GIB),
-    ("weights_bytes", rf"Load weight end\..*mem usage={_NUMBER} GB", GIB),
     ("max_len_fit", rf"estimated maximum model length is {_NUMBER}", 1.0),
     ("min_fraction", rf"Raise --mem-fraction-static above {_NUMBER}", 1.0),
     # vLLM's own view of the device (torch's total, a little below NVML's) and its memory budget
@@ -202,21 +201,29 @@ _FACTS = (
     ("budget_bytes", rf"Desired GPU memory utilization is \({_NUMBER}, {_NUMBER} GiB\)", GIB),
 )
 _SGLANG_KV = re.compile(rf"K size: {_NUMBER} GB, V size: {_NUMBER} GB")
+_SGLANG_WEIGHTS = re.compile(rf"Load weight end\..*mem usage={_NUMBER} GB")
 _SHARED_GPU = re.compile(r"Free memory on device .* is less than desired")
 SERVED_FAILURES = frozenset({"crash_on_request", "oom_load", "request_errors", "slo_collapse"})
 MEMORY_FAILURES = frozenset({"kv_insufficient", "oom_boot"})
 
 
 def parse_facts(log_text: str) -> dict[str, float]:
-    """The memory facts a boot log holds (the last of each kind wins: a retry may precede it)."""
+    """The memory facts a boot log holds (the last of each kind wins: a retry may precede it).
+
+    SGLang with a draft model loads the draft after the target and logs its weights and KV cache in
+    the same words, so there the target's are the largest (a draft is smaller than its target, and a
+    retried boot repeats the same figures), never the last.
+    """
     facts: dict[str, float] = {}
     for name, pattern, unit in _FACTS:
         for match in re.finditer(pattern, log_text):
             facts[name] = float(match.groups()[-1].replace(",", "")) * unit  # the last number is the one
-    sglang = list(_SGLANG_KV.finditer(log_text))
-    if sglang:
-        k, v = (float(x) for x in sglang[-1].groups())
-        facts["available_kv_bytes"] = (k + v) * GIB
+    weights = [float(m.group(1)) for m in _SGLANG_WEIGHTS.finditer(log_text)]
+    if weights:
+        facts["weights_bytes"] = max(weights) * GIB
+    kv = [float(k) + float(v) for k, v in (m.groups() for m in _SGLANG_KV.finditer(log_text))]
+    if kv:
+        facts["available_kv_bytes"] = max(kv) * GIB
     if _SHARED_GPU.search(log_text):
         facts["shared_gpu"] = 1.0
     return facts

@@ -120,3 +120,13 @@ def test_a_line_through_two_points_learns_the_engines_fixed_part(model_8b: Model
 def test_no_config_file_means_no_screen(tmp_path: Path) -> None:
     assert estimate(Config("vllm", {}), ModelSpec(str(tmp_path)), CPU, [], 0.92, 2048) is None
     assert estimate(Config("sglang", {}), ModelSpec(str(tmp_path)), CPU, [], None, 1) is None
+
+
+def test_sglang_with_a_draft_reports_the_targets_memory_not_the_drafts() -> None:
+    """SGLang logs the draft's weights and KV cache after the target's, in the same words (H200 block
+    of the capacity study: reading the draft's made the screen refuse every later chunk-2048 config)."""
+    facts = parse_facts(_log("sglang-0.5.17-h200/boot_ok_8b_standalone_draft_k3.log"))
+    assert facts["weights_bytes"] == pytest.approx(15.02 * GIB)
+    assert facts["available_kv_bytes"] == pytest.approx((50.73 + 50.73) * GIB)
+    alone = parse_facts(_log("sglang-0.5.17-h200/boot_ok_8b_dummy_default.log"))
+    assert alone["weights_bytes"] > 10 * GIB and alone["available_kv_bytes"] > 50 * GIB
