@@ -12,7 +12,6 @@ rate and judged under every tier's SLO (``tuner.measure.capacity``), so the tier
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 import time
@@ -141,16 +140,22 @@ async def _serve_step(
         task = asyncio.create_task(
             drive(client, base_url, model, requests, concurrency=len(requests), on_record=records.append)
         )
-        aborted = False
+        aborted = cut = False
         while not task.done():
             await asyncio.sleep(MONITOR_EVERY_S)
             now = time.perf_counter() - started
             if now > deadline_s or stop(_rows(records, requests, started, now), now):
-                aborted = now <= deadline_s
+                aborted, cut = now <= deadline_s, True
                 task.cancel()
                 break
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            # Only the cut this monitor made is swallowed: a cancel of this step itself (Ctrl-C,
+            # which asyncio turns into a cancel of the main task) must reach the caller as one.
+            current = asyncio.current_task()
+            if not cut or (current is not None and current.cancelling()):
+                raise
     return records, started, time.perf_counter(), aborted
 
 
