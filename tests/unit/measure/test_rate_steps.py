@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 
+from tuner.measure import rate_steps
 from tuner.measure.capacity import SLO_KEYS
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity, step_requests
 from tuner.workloads.base import Request
@@ -101,3 +103,30 @@ def test_every_slo_key_can_bound_a_tier(key: str) -> None:
     plan = _plan(tiers={"interactive": {key: 1e6}}, resolution=1.0, max_rate=4.0)
     out = search_capacity(lambda r: _measured_at(r, 2.0, 8.0), plan)
     assert out.results["interactive"].capacity_req_s == 4.0
+
+
+def test_a_cancel_of_the_step_itself_is_not_swallowed_with_the_monitors_own_cut() -> None:
+    """Ctrl-C reaches asyncio as a cancel of the main task; it must not be lost when it arrives just
+    as the monitor cuts the step (the step would end as if nothing happened and the study go on)."""
+
+    async def main() -> None:
+        async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)
+            await asyncio.sleep(60)  # a server that never answers
+
+        server = await asyncio.start_server(hang, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        requests = [Request(f"r{i}", "/v1/completions", {"prompt": "x"}, 10, 8, arrival_s=0.0) for i in range(3)]
+        outer = asyncio.current_task()
+        assert outer is not None
+
+        def cut_and_interrupt(rows: object, now: float) -> bool:
+            outer.cancel()  # the interrupt lands while the monitor is cutting the step
+            return True
+
+        async with server:
+            with pytest.raises(asyncio.CancelledError):
+                await rate_steps._serve_step(f"http://127.0.0.1:{port}", "m", requests, 30.0, cut_and_interrupt)
+            outer.uncancel()
+
+    asyncio.run(main())
