@@ -179,7 +179,7 @@ def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> Ca
 
 # Step sizes per device. On the CPU build a boot costs a minute and a request seconds, so steps are
 # short and the search starts low; on a GPU a step needs enough requests for a p95 of its own.
-CPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 6.0, "min_requests": 10, "max_steps": 8}
+CPU_STEPS: dict[str, Any] = {"start_rate": 0.5, "min_step_s": 6.0, "min_requests": 10, "max_steps": 8}
 GPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10}
 MIN_TTFT_MS = 1.0  # no server answers over HTTP within a millisecond
 
