@@ -52,14 +52,6 @@ def _attainment(value: str) -> float:
     return share
 
 
-def _resolution(value: str) -> float:
-    """The capacity search's relative precision: above 0."""
-    step = _number(value)
-    if not step > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
-    return step
-
-
 def _number(value: str) -> float:
     try:
         number = float(value)
@@ -176,7 +168,7 @@ def _capacity_flags(s: argparse.ArgumentParser, worker: bool = False) -> None:
         help="share of requests that must meet the SLO at a capacity (default 0.9)",
     )  # fmt: skip
     s.add_argument(
-        "--resolution", type=_resolution, default=None if worker else 0.10,
+        "--resolution", type=_above_zero, default=None if worker else 0.10,
         help="relative precision of the capacity search (default 0.1: within 10 %%)",
     )  # fmt: skip
 
