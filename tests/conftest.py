@@ -15,6 +15,11 @@ says how many it left out.
 Runs: ``TUNER_RUN_ID`` names this test run (made at its start unless already set, with the run's
 stamp) and is inherited by every process a test starts; the fault suite keeps its records by it
 (``tests.faults.outcomes``).
+
+Signals: a run started as a background job of a non-interactive shell (``cmd &`` in a script, as
+CI or a nohup may start it) inherits SIGINT ignored, and so would every CLI a test starts: Python
+keeps an inherited "ignore" at startup, and the tests that Ctrl-C the tuner would see it carry on.
+So the run takes SIGINT back as Python's default here, and the processes it starts get the default.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import signal
 
 import pytest
 from hypothesis import settings
@@ -42,6 +48,7 @@ _deselected = pytest.StashKey[int]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for tier in TIERS:
         config.addinivalue_line(
             "markers", f"{tier}: needs the {tier} tier (tests/conftest.py); {SKIP_ENV} leaves it out"
