@@ -26,7 +26,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ENGINE_LOCK = Path("/tmp/tuner-engine.lock")
-BOOTS_VLLM = {"bench_capacity", "bench_fidelity", "bench_noise", "bench_stress_demo", "bench_scale_out", "measure_grid"}
+BOOTS_VLLM = {
+    "bench_capacity",
+    "bench_workloads",
+    "bench_fidelity",
+    "bench_noise",
+    "bench_stress_demo",
+    "bench_scale_out",
+    "measure_grid",
+}
 NEEDS_POSTGRES = {"bench_scale_out"}
 # What ``all`` runs, in order: one entry per report section. ``measure_grid`` is left out: it measures
 # the committed table ``bench_search`` replays (an hour), not a report; run it by name.
@@ -39,6 +47,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_search", ()),
     ("bench_stress_demo", ()),
     ("bench_scale_out", ()),
+    ("bench_workloads", ()),
     ("reliability", ()),
 )
 # Not a benchmark module: the fault suite and the fuzz properties, then the report of what they recorded.
@@ -46,10 +55,7 @@ RELIABILITY = (
     ("scripts/test.sh", "tests/faults", "tests/unit/cli/test_fuzz_inputs.py", "tests/unit/cli/test_safety.py"),
     (sys.executable, "-m", "tests.faults.report"),
 )
-ELSEWHERE = (
-    "reports/workloads.md: tests/e2e/test_workloads_e2e.py (scripts/test.sh tests/e2e)",
-    "reports/gpu-h200.md: scripts/gpu/ on an H200 (see that report)",
-)
+ELSEWHERE = ("reports/gpu-h200.md: scripts/gpu/ on an H200 (see that report)",)
 
 
 def benchmarks() -> dict[str, str]:

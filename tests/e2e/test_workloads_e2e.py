@@ -8,96 +8,38 @@ server's ``usage.prompt_tokens`` must equal the tuner's own count for every requ
 prompt is known in advance (chat ones through the chat template rendered in Python), and every
 JSON reply the grammar finished must follow its schema.
 
-The measured rates are printed (run with ``-s``) and kept in ``reports/workloads.md`` by hand.
+The server and the driving live in ``tests/e2e/presets.py``, which the workloads report
+(``python -m tests.benchmarks bench_workloads``) measures with too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
 import statistics
 from collections.abc import Iterator
-from datetime import date
-from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 
 from tests.e2e.conftest import tuner
-from tuner.client.driver import DriveResult, drive_sync
-from tuner.engines import models
-from tuner.engines.base import Config, Device
+from tests.e2e.presets import REQUESTS, Measured, Served, measure_presets, serve
 from tuner.engines.env import EngineEnv
-from tuner.engines.prometheus import metric_total, parse_prometheus
-from tuner.engines.vllm import VllmAdapter
-from tuner.measure.process import ServerProcess, free_port
-from tuner.workloads import build_workload, load_tokenizer
-from tuner.workloads.base import Workload
 
 pytestmark = pytest.mark.engine
-MAX_MODEL_LEN = 2048
-REQUESTS = {"rag": 16, "agent": 16, "chat": 16, "json": 8}
-
-
-@dataclasses.dataclass(frozen=True)
-class Served:
-    base_url: str
-    model: str
-    model_dir: Path
-
-
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    workload: Workload
-    drove: DriveResult
-    hits: float
-    queries: float
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries
 
 
 @pytest.fixture(scope="module")
 def server(vllm_env: EngineEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    spec_models = models.default_models(vllm_env.python, MAX_MODEL_LEN)
-    device = Device("cpu", "CPU (e2e)", 32 * 2**20)  # the KV budget a search uses on the CPU build
-    config = Config("vllm", {"memory_fraction": 0.9}, enforce_eager=True)
-    spec = VllmAdapter().launch(config, spec_models, device, free_port(), vllm_env.python, vllm_env.version)
-    spec = dataclasses.replace(spec, env={**spec.env, "VLLM_SERVER_DEV_MODE": "1"})
-    with ServerProcess(spec, tmp_path_factory.mktemp("workloads") / "vllm.log") as process:
-        process.wait_ready(300)
-        yield Served(process.base_url, spec.served_model, Path(spec_models.path))
+    with serve(vllm_env, tmp_path_factory.mktemp("workloads") / "vllm.log") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def measured(server: Served) -> dict[str, Measured]:
-    """Each preset driven in turn from an empty prefix cache; printed as the report's table rows."""
-    tokenizer = load_tokenizer(server.model_dir)
-    results: dict[str, Measured] = {}
-    with httpx.Client(timeout=30) as client:
-        for name, n_requests in REQUESTS.items():
-            workload = build_workload(name, tokenizer, seed=0, n_requests=n_requests, max_model_len=MAX_MODEL_LEN)
-            drive_sync(None, server.base_url, server.model, workload.warmup, concurrency=workload.concurrency)
-            assert client.post(server.base_url + "/reset_prefix_cache").status_code == 200
-            before = parse_prometheus(client.get(server.base_url + "/metrics").text)
-            drove = drive_sync(None, server.base_url, server.model, workload.requests, concurrency=workload.concurrency)
-            after = parse_prometheus(client.get(server.base_url + "/metrics").text)
-            hits, queries = (
-                metric_total(after, f"vllm:prefix_cache_{kind}_total")
-                - metric_total(before, f"vllm:prefix_cache_{kind}_total")
-                for kind in ("hits", "queries")
-            )
-            results[name] = Measured(workload, drove, hits, queries)
-    for name, m in results.items():
-        print(
-            f"| {name} | {len(m.workload.requests)} | {m.hit_rate:.1%} ({m.hits:.0f} / {m.queries:.0f} tokens) "
-            f"| {m.workload.arrival.describe()} | {date.today().isoformat()} |"
-        )
-    return results
+    return measure_presets(server)
 
 
 @pytest.mark.parametrize("name", list(REQUESTS))

@@ -89,10 +89,14 @@ def search_effort(study: optuna.Study) -> str:
     screened = sum(1 for a in attrs if a.get("failure") == "screened")
     twins = sum(1 for a in attrs if a.get("duplicate_of") is not None)
     pruned = [a["pruned"] for a in attrs if a.get("pruned")]
-    saved = sum(p.get("saved_s") or 0.0 for p in pruned if isinstance(p, dict))
+    # the load pruner knows what it spared; a capacity search cut at 0.75 x the incumbent does not
+    cut_load = [p["saved_s"] for p in pruned if isinstance(p, dict) and p.get("saved_s") is not None]
+    how = [f"{len(cut_load)} mid-workload (about {sum(cut_load):.0f} s of workload not driven)"] if cut_load else []
+    if cut_capacity := len(pruned) - len(cut_load):
+        how.append(f"{cut_capacity} failing the SLO below the incumbent's capacity")
     return (f"{len(attrs)} trials: {booted} booted an engine, {screened} screened by the memory screen (never "
             f"booted), {twins} told from an earlier trial of the same config (never booted), {len(pruned)} "
-            f"pruned (about {saved:.0f} s of workload not driven)")  # fmt: skip
+            f"pruned" + (f": {', '.join(how)}" if how else ""))  # fmt: skip
 
 
 def trials_table(study: optuna.Study) -> str:

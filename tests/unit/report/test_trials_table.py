@@ -32,3 +32,22 @@ def test_a_pareto_study_keeps_its_columns(pareto_study: optuna.Study) -> None:
     head = table.splitlines()[0]
     assert "ttft_p95_ms" in head and "tok/s" in head and "req/s" not in head and "SLO" not in table
     assert _row(table, 1)[3:5] == ["120", "1400.0"]
+
+
+def test_the_effort_line_tells_a_capacity_prune_from_a_mid_workload_one() -> None:
+    study = optuna.create_study(directions=["maximize"])
+    pruned = {
+        1: {"at_requests": 12, "of": 40, "values": {}, "saved_s": 30.4, "beaten_by": 0},
+        2: {"at_requests": 20, "steps": 2, "values": {}, "saved_s": None, "capacity": {"interactive": 0.0}},
+        3: {"at_requests": 18, "steps": 2, "values": {}, "saved_s": None, "capacity": {"interactive": 0.0}},
+    }
+    for number in range(4):
+        trial = study.ask()
+        trial.set_user_attr("booted", True)
+        if number in pruned:
+            trial.set_user_attr("pruned", pruned[number])
+        study.tell(trial, 1.0)
+    effort = trials_table(study).splitlines()[-1]
+    assert "4 booted an engine" in effort and "3 pruned: " in effort, effort
+    assert "1 mid-workload (about 30 s of workload not driven)" in effort, effort
+    assert "2 failing the SLO below the incumbent's capacity" in effort, effort
