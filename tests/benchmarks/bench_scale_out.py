@@ -43,7 +43,7 @@ def _tuner(*args: str, log: Path) -> subprocess.Popen[bytes]:
 def one_run(url: str, workers: int, trials: int, work: Path, kill: bool = False) -> dict[str, Any]:
     name = f"scale-{workers}-{uuid.uuid4().hex[:6]}"
     flags = ["--requests", "6", "--trials", "0", "--repeats", "0", "--no-stress", "--space", str(work / "space.yaml"),
-             "--objective", "pareto"]
+             "--objective", "pareto"]  # fmt: skip
     made = _tuner(
         "search", "--workload", "rag", "--study", name, "--storage", url, *flags, log=work / f"{name}-make.log"
     )
