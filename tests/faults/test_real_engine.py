@@ -61,7 +61,7 @@ def test_vllm_sigkilled_mid_workload_and_the_tuner_sigkilled(tmp_path: Path, mon
     (tmp_path / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{tmp_path / 'real.db'}"
     flags = ["--workload", "rag", "--space", str(tmp_path / "space.yaml"), "--study", "real", "--storage", storage,
-             "--requests", "40", "--finalists", "0", "--repeats", "0", "--no-stress", "--no-prune",
+             "--requests", "16", "--finalists", "0", "--repeats", "0", "--no-stress", "--no-prune",
              "--seed", "3", "--engine-env", f"vllm={vllm_env}", "--objective", "pareto"]  # fmt: skip
     study = Study("real", storage, flags)
     queued = optuna.create_study(study_name="real", storage=storage, directions=DIRECTIONS)
@@ -72,7 +72,7 @@ def test_vllm_sigkilled_mid_workload_and_the_tuner_sigkilled(tmp_path: Path, mon
     proc = spawn(study.search_argv(3), tmp_path, log)
     try:
         logs = tmp_path / "studies" / "logs" / "real"
-        _wait_served(logs / "trial-0000-vllm.log", 2 + 6, proc)  # 6 of the 40 measured requests under way
+        _wait_served(logs / "trial-0000-vllm.log", 2 + 6, proc)  # 6 of the 16 measured requests under way
         engine = _api_server()
         workers = engine.children(recursive=True)
         engine.send_signal(signal.SIGKILL)

@@ -39,6 +39,9 @@ class SglangAdapter(EngineAdapter):
     health_path = "/health_generate"
     ready_line = "The server is fired up and ready to roll!"
     reset_cache_path = "/flush_cache"
+    # SGLang answers 400 ("Cache not flushed because there are pending requests") until the
+    # requests it is running or queueing are gone, such as those of a step the tuner cut short.
+    reset_busy_status = 400
     ttft_histogram = "sglang:time_to_first_token_seconds"
     needs_gpu = True
 

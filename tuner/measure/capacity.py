@@ -183,6 +183,7 @@ class Step:
     request_throughput_req_s: float = 0.0
     output_throughput_tok_s: float = 0.0
     server: dict[str, float | None] = field(default_factory=dict)
+    cut_s: float | None = None  # the monitor stopped the step this many seconds in (it then never passes)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: non-finite numbers become None (it is stored as a trial user attribute)."""
@@ -305,6 +306,7 @@ class CapacitySearch:
         self.incumbent = min(incumbent, self.max_rate) if incumbent is not None and incumbent > 0 else None
         self.prune = prune  # False for a finalist's repeat: it starts at its own capacity and is never cut short
         self.steps: list[Step] = []
+        self.measured = 0  # the steps this search served itself: what max_steps bounds
         self.stop_reason: str | None = None
 
     def lowest_fail(self) -> float | None:
@@ -317,15 +319,18 @@ class CapacitySearch:
         passes = [s.rate_req_s for s in self.steps if s.passed and (ceiling is None or s.rate_req_s < ceiling)]
         return max(passes, default=0.0)
 
-    def record(self, step: Step) -> None:
+    def record(self, step: Step, measured: bool = True) -> None:
+        """Add a step; ``measured=False`` for a rate another tier's search already served, which
+        cost nothing and so does not count against ``max_steps``."""
         self.steps.append(step)
+        self.measured += measured
 
     def next_rate(self) -> float | None:
         """The next rate to measure, or None once the search has stopped (see ``result``)."""
         if self.stop_reason is not None:
             return None
         rate, reason = self._propose()
-        if rate is not None and len(self.steps) >= self.max_steps:
+        if rate is not None and self.measured >= self.max_steps:
             rate, reason = None, "max_steps"
         if rate is not None and any(math.isclose(rate, s.rate_req_s) for s in self.steps):
             rate, reason = None, "stalled"  # only when the caller measured other rates than proposed

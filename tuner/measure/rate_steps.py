@@ -202,14 +202,19 @@ def search_capacity(
         search = plan.search((incumbents or {}).get(tier), prune)
         while (rate := search.next_rate()) is not None:
             key = round(rate, 6)
-            if key not in by_rate:
+            fresh = key not in by_rate
+            if fresh:
                 by_rate[key] = measure(rate)
             m = by_rate[key]
             step = summarize_step(rate, m.rows, slo, plan.target, m.duration_s, itl_ms=m.itl_ms, server=m.server)
-            if m.aborted and step.passed:  # stopped early for another tier's collapse: not a pass here
-                step = replace(step, passed=False)
-            search.record(step)
+            if m.aborted:
+                # The monitor cut it: saturated (requests in flight kept growing, so no SLO holds
+                # for long at this rate), or collapsed under every tier. Never a pass, and the
+                # step says so, since the end-of-step figures alone may look like one.
+                step = replace(step, passed=False, cut_s=round(m.duration_s, 2))
+            search.record(step, measured=fresh)
             if said is not None:
-                said(tier, m, f"{step.attainment:.0%} {'pass' if step.passed else 'fail'}")
+                cut = f" (cut at {step.cut_s:.0f} s)" if step.cut_s is not None else ""
+                said(tier, m, f"{step.attainment:.0%} {'pass' if step.passed else 'fail'}{cut}")
         results[tier] = search.result()
     return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started)

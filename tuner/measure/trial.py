@@ -323,12 +323,7 @@ def stress_run(
 
 def reset_prefix_cache(client: httpx.Client, server: ServerProcess, adapter: EngineAdapter) -> bool:
     """Empty the prefix cache the warmup filled, so every trial starts equally cold."""
-    if adapter.reset_cache_path is None:
-        return False
-    try:
-        return client.post(server.base_url + adapter.reset_cache_path).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return adapter.reset_prefix_cache(client, server.base_url)
 
 
 def clock_warnings(result: TrialResult) -> list[str]:

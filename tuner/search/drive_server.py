@@ -198,12 +198,7 @@ def drive_capacity(opts: SearchOptions, url: str, tiers_for: str, progress: Prog
 
 
 def _reset(client: httpx.Client, url: str, adapter: EngineAdapter | None) -> bool:
-    if adapter is None or adapter.reset_cache_path is None:
-        return False
-    try:
-        return client.post(url + adapter.reset_cache_path).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return adapter is not None and adapter.reset_prefix_cache(client, url)
 
 
 def _defined(value: float) -> float | None:

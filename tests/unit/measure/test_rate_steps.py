@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -82,6 +83,42 @@ def test_tiers_share_the_steps_they_both_need() -> None:
     assert len(calls) == len(set(calls)), "a rate is measured once, whichever tiers judge it"
     assert len(out.measured) == len(calls)
     assert out.as_dict(plan)["tiers"]["relaxed"]["slo"] == RELAXED
+
+
+def test_steps_another_tier_measured_do_not_count_against_max_steps() -> None:
+    """The H200 block's vLLM default: the relaxed search reused 7 of the interactive tier's steps
+    and stopped at the step limit unresolved (128 passed, 181 failed)."""
+    calls: list[float] = []
+
+    def measure(rate: float) -> Measured:
+        calls.append(rate)
+        return _measured_at(rate, knee_strict=32.0, knee_relaxed=150.0)
+
+    plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.1, max_steps=10)
+    out = search_capacity(measure, plan)
+    relaxed = out.results["relaxed"]
+    assert relaxed.stop_reason == "resolved", relaxed.stop_reason
+    assert 150.0 / 1.1 <= relaxed.capacity_req_s <= 150.0
+    reused = sum(1 for s in relaxed.steps if s.rate_req_s <= 32.0)
+    assert reused >= 6 and len(relaxed.steps) > plan.max_steps, "reused steps came free"
+    assert len(calls) - len(out.results["interactive"].steps) <= plan.max_steps, "its own steps stay bounded"
+
+
+def test_a_step_the_monitor_cut_never_passes_and_says_when_it_was_cut() -> None:
+    def measure(rate: float) -> Measured:
+        m = _measured_at(rate, knee_strict=2.0, knee_relaxed=100.0)
+        return replace(m, aborted=rate > 4.0, duration_s=6.8 if rate > 4.0 else m.duration_s)
+
+    said: list[str] = []
+    plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.5)
+    out = search_capacity(measure, plan, said=lambda tier, m, verdict: said.append(f"{tier} {m.rate_req_s} {verdict}"))
+    cut = [s for s in out.results["relaxed"].steps if s.rate_req_s > 4.0]
+    assert cut and all(not s.passed and s.cut_s == 6.8 for s in cut)
+    assert all(s.attainment >= 0.9 for s in cut), "what was served met the SLO: the cut alone fails it"
+    assert 4.0 / 1.5 <= out.results["relaxed"].capacity_req_s <= 4.0
+    assert any("(cut at 7 s)" in line for line in said), said
+    uncut = [s for s in out.results["relaxed"].steps if s.rate_req_s <= 4.0]
+    assert all(s.cut_s is None for s in uncut) and "cut_s" in uncut[0].as_dict()
 
 
 def test_an_unscored_tier_costs_no_step() -> None:
