@@ -253,11 +253,11 @@ def main() -> None:
     for objective in ("goodput", "pareto"):
         results[objective] = {}
         for name in names:
-            started = time.time()
+            began = time.time()  # not ``started``: that is the run's stamp
             runs = [run_once(name, seed, objective, table, truth) for seed in range(args.seeds)]
             results[objective][name] = summarize(runs, truth["size"]) | {"runs": runs}
             print(f"{objective} {name}: median {results[objective][name]['median_trials']} trials "
-                  f"({time.time() - started:.0f} s)", flush=True)  # fmt: skip
+                  f"({time.time() - began:.0f} s)", flush=True)  # fmt: skip
     ablations = {}
     for label, screen, prune in (("tpe, no screen", False, True), ("tpe, no pruning", True, False),
                                  ("tpe, neither", False, False)):  # fmt: skip
