@@ -84,7 +84,7 @@ def format_table(rows: list[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS
 def search_effort(study: optuna.Study) -> str:
     """What the screen and the pruner spared: one line under the table."""
     attrs = [t.user_attrs for t in study.get_trials(deepcopy=False)]
-    # a twin copies its trial's attributes (boot_s too) but says booted=False; older trials lack the flag
+    # a twin says booted=False (and carries no times); trials recorded before that flag had boot_s alone
     booted = sum(1 for a in attrs if a.get("booted", a.get("boot_s") is not None))
     screened = sum(1 for a in attrs if a.get("failure") == "screened")
     twins = sum(1 for a in attrs if a.get("duplicate_of") is not None)

@@ -131,9 +131,10 @@ class SearchObjective:
     def _duplicate(
         self, trial: optuna.Trial, config: Config, twin: optuna.trial.FrozenTrial, est: dict[str, Any] | None
     ) -> Prepared:
-        """Tell the twin's outcome again, without a boot: the sampler learns the same as from the twin."""
+        """Tell the twin's outcome again, without a boot: the sampler learns the same as from the twin.
+        Its times are the twin's alone, so a sum over the study counts that boot once."""
         for key, value in twin.user_attrs.items():
-            if key not in ("config_kind", "worker"):
+            if key not in ("config_kind", "worker", "boot_s", "phases_s"):
                 trial.set_user_attr(key, value)
         trial.set_user_attr("booted", False)
         trial.set_user_attr("duplicate_of", twin.number)

@@ -145,6 +145,8 @@ def test_a_config_already_measured_is_told_again_without_a_boot(ctx: TrialContex
     assert explore.system_attrs["fixed_params"]["vllm.chunk_size"] == 2048
     assert again.values == first.values and again.user_attrs["duplicate_of"] == 0
     assert again.user_attrs["booted"] is False
+    assert "boot_s" in first.user_attrs and "phases_s" in first.user_attrs
+    assert "boot_s" not in again.user_attrs and "phases_s" not in again.user_attrs, "one boot, counted once"
     from tuner.study.feasible import feasible_trials
 
     assert [t.number for t in feasible_trials(study)] == [0], "a repeat of an outcome is not a second config"
