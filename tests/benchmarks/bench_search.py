@@ -211,9 +211,10 @@ def _goal(data: dict[str, Any]) -> list[str]:
     near = sum(1 for c in data.get("near_best", []))
     out += ["", f"What limits it: every config of the table was measured once, so configs within 5 % of the best "
             f"({near} of them) are within one another's noise (the throughput CV across fresh boots is in "
-            "`reports/measurement.md`, section noise); the benchmark ranks samplers on one fixed draw of that noise. GP and "
-            "NSGA-II model only the sampled trials (the engine default lacks the tuned parameters); both start "
-            "with random trials and need more than a grid of this size to pay off.", ""]  # fmt: skip
+            "`reports/measurement.md`, section noise); the benchmark ranks samplers on one fixed draw of that "
+            "noise. GP and NSGA-II model only the sampled trials (the engine default lacks the tuned "
+            "parameters); both start with random trials and need more than a grid of this size to pay off.",
+            ""]  # fmt: skip
     return out
 
 
