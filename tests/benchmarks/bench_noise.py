@@ -141,10 +141,10 @@ def run(repeats: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for i in range(repeats):
         load = os.getloadavg()[0]
-        started = time.monotonic()
+        began = time.monotonic()  # not ``started``: that is the run's stamp
         result: TrialResult = run_trial(i, config, ctx)
         left = _engine.still_alive(progress.tree)
-        rows.append(_row(i, result, load, time.monotonic() - started, left))
+        rows.append(_row(i, result, load, time.monotonic() - began, left))
         print(f"repeat {i}: {rows[-1]}", flush=True)
     return {
         "stamp": started, "machine_before": machine_before, "machine_after": _report.machine(),

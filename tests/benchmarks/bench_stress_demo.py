@@ -55,9 +55,11 @@ def main() -> None:
     storage, name = f"sqlite:///{work / 'demo.db'}", f"stress-demo-{uuid.uuid4().hex[:6]}"
     pre = optuna.create_study(study_name=name, storage=storage, directions=["minimize", "maximize"])
     pre.enqueue_trial(STARVED, user_attrs={"config_kind": "sampled"})
+    # a fixed load (--objective pareto), as the collapse this builds needs, rather than a capacity search
     args = ["search", "--workload", str(work / "long-answers.jsonl"), "--study", name, "--storage", storage,
             "--space", str(work / "space.yaml"), "--rate", str(RATE), "--concurrency", str(PEAK), "--slo", SLO,
-            "--trials", "2", "--finalists", "1", "--repeats", "1", "--no-prune"]  # fmt: skip
+            "--trials", "2", "--finalists", "1", "--repeats", "1", "--no-prune",
+            "--objective", "pareto"]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "tuner", *args], cwd=_report.ROOT, capture_output=True, text=True)
     (work / "search.log").write_text(done.stderr)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -97,3 +97,14 @@ def test_the_default_storage_is_sqlite_under_studies(tmp_path: Path, monkeypatch
     monkeypatch.setenv("TUNER_STORAGE", "sqlite:///elsewhere.db")
     assert storage_url("rag", None) == "sqlite:///elsewhere.db"
     assert storage_url("rag", "sqlite:///flag.db") == "sqlite:///flag.db"
+
+
+def test_a_study_made_for_other_objectives_is_refused_before_any_trial(storage: str) -> None:
+    """Made outside the tuner with two directions, resumed with the one-value capacity objective:
+    Optuna loads it anyway, and every trial would fail on its value count."""
+    name = f"directions-{uuid.uuid4().hex[:8]}"
+    optuna.create_study(study_name=name, storage=storage, directions=["minimize", "maximize"])
+    with pytest.raises(ConfigError, match=r"has the objectives \(minimize, maximize\).*needs \(maximize\)"):
+        open_study(name, storage, [optuna.study.StudyDirection.MAXIMIZE], make_sampler("tpe", 0))
+    assert optuna.load_study(study_name=name, storage=storage).trials == []
+    assert open_study(name, storage, DIRECTIONS, make_sampler("tpe", 0)).study_name == name

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -232,7 +232,7 @@ def open_study(
     """Create or resume the study, on a storage that retries through a database outage (``tuner.study.storage``)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        return optuna.create_study(
+        study = optuna.create_study(
             study_name=name,
             storage=resilient(storage),
             directions=directions,
@@ -242,6 +242,18 @@ def open_study(
     except _OPEN_ERRORS as exc:
         where = redacted(storage) if isinstance(storage, str) else type(storage).__name__
         raise StorageError(f"cannot open study {name!r} at {where}: {_first_line(exc)}") from exc
+    # Optuna loads an existing study whatever directions were asked for; every trial of an objective
+    # with another number of values would then fail, one after another, in silence.
+    if list(study.directions) != list(directions):
+        raise ConfigError(
+            f"study {name!r} has the objectives {_directions(study.directions)}, and this --objective needs "
+            f"{_directions(directions)}: use the objective it was made with, or another --study"
+        )
+    return study
+
+
+def _directions(directions: Sequence[optuna.study.StudyDirection]) -> str:
+    return "(" + ", ".join(d.name.lower() for d in directions) + ")"
 
 
 _OPEN_ERRORS = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ValueError, ImportError)
