@@ -27,12 +27,9 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
 from __future__ import annotations
 
 import abc
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import httpx
 
 from tuner.errors import EnvironmentSetupError
 
@@ -66,8 +63,6 @@ class Config:
     is_default: bool = False
 
 
-RESET_PATIENCE_S = 30.0  # how long a busy server's refusal to empty its prefix cache is waited out
-RESET_POLL_S = 0.5
 MODEL_ARGS = 2  # ``args`` open with the model flag and its path: the address follows them in the argv
 
 
@@ -131,24 +126,6 @@ class EngineAdapter(abc.ABC):
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         return 1  # any positive KV pool
-
-    def reset_prefix_cache(self, client: httpx.Client, base_url: str, patience_s: float = RESET_PATIENCE_S) -> bool:
-        """Empty the server's prefix cache; True once it did. A server that refuses while requests
-        still run (``reset_busy_status``: after a step cut short it is still ending the cancelled
-        ones) is asked again, for up to ``patience_s``."""
-        if self.reset_cache_path is None:
-            return False
-        deadline = time.monotonic() + patience_s
-        while True:
-            try:
-                status = client.post(base_url + self.reset_cache_path).status_code
-            except httpx.HTTPError:
-                return False
-            if status == 200:
-                return True
-            if status != self.reset_busy_status or time.monotonic() >= deadline:
-                return False
-            time.sleep(RESET_POLL_S)
 
     def check_version(self, version: str) -> None:
         if not any(version == v or version.startswith(v + ".") for v in self.supported_versions):

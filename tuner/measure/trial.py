@@ -89,6 +89,8 @@ def _describe(config: Config) -> str:
 # ---- from outcome ----
 MAX_ERROR_RATE = 0.005
 TTFT_AGREEMENT = 0.10  # client and server mean TTFT further apart than this: the trial is flagged
+RESET_PATIENCE_S = 30.0  # how long a busy server's refusal to empty its prefix cache is waited out
+RESET_POLL_S = 0.5
 # Called with the number of measured requests and the boot time just before they are sent; returns
 # the driver's on_record callback, which may raise ``Pruned`` to stop the workload (``tuner.search.pruning``).
 WatchFactory = Callable[[int, float], Callable[[RequestRecord], None]]
@@ -183,10 +185,10 @@ def serve_capacity(
     ready_at = server.log_size()
     with httpx.Client(timeout=10.0) as client:
         warm_up(number, server, client, ctx, result)
-        cache_reset = [reset_prefix_cache(client, server, adapter)]
+        cache_reset = [reset_prefix_cache(client, server.base_url, adapter)]
 
         def measure(rate: float) -> Measured:
-            cache_reset.append(reset_prefix_cache(client, server, adapter))
+            cache_reset.append(reset_prefix_cache(client, server.base_url, adapter))
             return measure_step(server.base_url, spec.served_model, workload.requests, rate, plan, adapter)
 
         def said(tier: str, step: Measured, verdict: str) -> None:
@@ -254,7 +256,7 @@ def serve_workload(
     ready_at = server.log_size()
     with httpx.Client(timeout=10.0) as client:
         warm_up(number, server, client, ctx, result)
-        if not reset_prefix_cache(client, server, adapter):
+        if not reset_prefix_cache(client, server.base_url, adapter):
             result.warnings.append("prefix cache not reset after warmup: the workload may start warm")
         before = scrape_metrics(client, server.base_url)
         ctx.progress.phase(number, "drive", f"{len(workload.requests)} requests at concurrency {workload.concurrency}")
@@ -302,7 +304,7 @@ def stress_run(
     requests, peak = stress_requests(ctx.workload), peak_concurrency(ctx.workload)
     mark = server.log_size()
     with httpx.Client(timeout=10.0) as client:
-        reset = reset_prefix_cache(client, server, adapter)
+        reset = reset_prefix_cache(client, server.base_url, adapter)
         what = f"{len(requests)} x {requests[0].prompt_tokens} prompt tokens at concurrency {peak}, cold cache"
         ctx.progress.phase(number, "stress", what)
         drove = drive_sync(None, server.base_url, server.spec.served_model, requests, concurrency=peak)
@@ -321,9 +323,26 @@ def stress_run(
     }
 
 
-def reset_prefix_cache(client: httpx.Client, server: ServerProcess, adapter: EngineAdapter) -> bool:
-    """Empty the prefix cache the warmup filled, so every trial starts equally cold."""
-    return adapter.reset_prefix_cache(client, server.base_url)
+def reset_prefix_cache(
+    client: httpx.Client, base_url: str, adapter: EngineAdapter, patience_s: float = RESET_PATIENCE_S
+) -> bool:
+    """Empty the prefix cache the warmup (or the last step) filled, so each start is equally cold;
+    True once the server did. One that refuses while requests still run (the adapter's
+    ``reset_busy_status``: after a step cut short it is still ending the cancelled ones) is asked
+    again, for up to ``patience_s``."""
+    if adapter.reset_cache_path is None:
+        return False
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            status = client.post(base_url + adapter.reset_cache_path).status_code
+        except httpx.HTTPError:
+            return False
+        if status == 200:
+            return True
+        if status != adapter.reset_busy_status or time.monotonic() >= deadline:
+            return False
+        time.sleep(RESET_POLL_S)
 
 
 def clock_warnings(result: TrialResult) -> list[str]:

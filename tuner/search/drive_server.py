@@ -30,7 +30,7 @@ from tuner.errors import ConfigError, EngineError
 from tuner.measure.goodput import goodput, steady_throughput
 from tuner.measure.metrics import scrape_metrics, summarize
 from tuner.measure.rate_steps import Measured, measure_step, search_capacity
-from tuner.measure.trial import MAX_ERROR_RATE, identify_server
+from tuner.measure.trial import MAX_ERROR_RATE, identify_server, reset_prefix_cache
 from tuner.progress import Progress
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import capacity_plan, preset_slo, resolve_workload
@@ -198,7 +198,7 @@ def drive_capacity(opts: SearchOptions, url: str, tiers_for: str, progress: Prog
 
 
 def _reset(client: httpx.Client, url: str, adapter: EngineAdapter | None) -> bool:
-    return adapter is not None and adapter.reset_prefix_cache(client, url)
+    return adapter is not None and reset_prefix_cache(client, url, adapter)
 
 
 def _defined(value: float) -> float | None:
