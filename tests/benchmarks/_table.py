@@ -20,9 +20,9 @@ from tests.benchmarks._report import ROOT
 from tuner.client.driver import RequestRecord
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
-from tuner.measure.trial import TrialContext, TrialResult, WatchFactory
+from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory
 from tuner.search.memory import parse_facts
-from tuner.search.pruning import Pruned, running_values
+from tuner.search.pruning import running_values
 
 TABLE = ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"
 

@@ -79,7 +79,7 @@ class Setup:
 
 def _measure(setup: Setup, server: ServerProcess, client: httpx.Client, log: list[Measured]) -> Any:
     def measure(rate: float) -> Measured:
-        reset_prefix_cache(client, server, setup.adapter)
+        reset_prefix_cache(client, server.base_url, setup.adapter)
         m = measure_step(
             server.base_url, server.spec.served_model, setup.workload.requests, rate, setup.plan, setup.adapter
         )

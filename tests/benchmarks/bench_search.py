@@ -76,9 +76,9 @@ def _progress(study: optuna.Study, objective: str, truth: dict[str, Any]) -> flo
     """How close the study's feasible trials are to the grid's best, as a share of it."""
     done = [t for t in feasible_trials(study) if t.values is not None]
     if objective == "goodput":
-        return max((t.values[0] for t in done), default=0.0) / truth["best_goodput"]
+        return float(max((t.values[0] for t in done), default=0.0) / truth["best_goodput"])
     pts = [(t.values[0], t.values[1]) for t in done if math.isfinite(t.values[0])]
-    return hypervolume(pts, truth["ref_ttft"]) / truth["hypervolume"]
+    return float(hypervolume(pts, truth["ref_ttft"]) / truth["hypervolume"])
 
 
 def run_once(name: str, seed: int, objective: str, table: dict[str, Any], truth: dict[str, Any],
@@ -91,7 +91,7 @@ def run_once(name: str, seed: int, objective: str, table: dict[str, Any], truth:
             study.enqueue_trial(point, user_attrs={"config_kind": "sampled"})
     runner = _table.TableRunner(table["points"], SLO)
     search = SearchObjective(study, space, _table.context(table, SLO), objective, screen, prune, runner)
-    budget, reached = 2 * truth["size"], {}
+    budget, reached = 2 * truth["size"], dict[str, int]()
 
     def stop(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if not reached and _progress(study, objective, truth) >= 1 - WITHIN:

@@ -28,7 +28,7 @@ def test_subpackages_import_only_downward_and_no_module_cycles() -> None:
 
 
 @pytest.mark.parametrize("argv", [("ruff", "check", "tuner", "tests"), ("ruff", "format", "--check", "tuner"),
-                                  ("mypy", "tuner")])  # fmt: skip
+                                  ("mypy", "tuner", "tests/benchmarks")])  # fmt: skip
 def test_the_code_is_lint_and_type_clean(argv: tuple[str, ...]) -> None:
     done = _run(str(BIN / argv[0]), *argv[1:])
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
