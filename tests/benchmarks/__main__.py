@@ -34,10 +34,12 @@ BOOTS_VLLM = {
     "bench_stress_demo",
     "bench_scale_out",
     "measure_grid",
+    "measure_capacity_grid",
 }
 NEEDS_POSTGRES = {"bench_scale_out"}
-# What ``all`` runs, in order: one entry per report section. ``measure_grid`` is left out: it measures
-# the committed table ``bench_search`` replays (an hour), not a report; run it by name.
+# What ``all`` runs, in order: one entry per report section. ``measure_grid`` and ``measure_capacity_grid``
+# are left out: they measure the committed tables ``bench_search`` replays (an hour or two each), not a
+# report; run them by name.
 ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_capacity", ()),
     ("bench_driver_capacity", ()),
@@ -61,7 +63,7 @@ ELSEWHERE = ("reports/gpu-h200.md: scripts/gpu/ on an H200 (see that report)",)
 def benchmarks() -> dict[str, str]:
     """Every benchmark module here and the first line of its docstring, read without importing it."""
     found = {}
-    for path in sorted([*HERE.glob("bench_*.py"), HERE / "measure_grid.py"]):
+    for path in sorted([*HERE.glob("bench_*.py"), *HERE.glob("measure_*.py")]):
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         found[path.stem] = doc.splitlines()[0].replace("``", "`") if doc else ""
     found["reliability"] = "The fault suite and fuzz properties, then `python -m tests.faults.report`."

@@ -11,6 +11,7 @@ replay saves exactly the recorded time after its checkpoint.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,10 +20,15 @@ from typing import Any
 from tests.benchmarks._report import ROOT
 from tuner.client.driver import RequestRecord
 from tuner.engines.base import Config, Device, ModelSpec
+from tuner.engines.env import EngineEnv
 from tuner.engines.vllm import VllmAdapter
-from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory
+from tuner.measure.capacity import summarize_step
+from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity
+from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory, score_capacity
+from tuner.progress import Quiet
 from tuner.search.memory import parse_facts
 from tuner.search.pruning import running_values
+from tuner.workloads.base import Workload
 
 TABLE = ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"
 
@@ -93,14 +99,103 @@ class TableRunner:
 
 def context(table: dict[str, Any], slo: dict[str, float]) -> TrialContext:
     """The trial context the table was measured in (the generated models must be on this machine)."""
-    from tuner.progress import Quiet
-    from tuner.workloads.base import Workload
-
     m, d = table["model"], table["device"]
     model = ModelSpec(m["path"], m["drafts"], m["max_model_len"])
     device = Device(d["kind"], d["name"], d["memory_bytes"])
     workload = Workload("rag", 0, (), (), table["workload"]["concurrency"], "replayed from the table")
-    from tuner.engines.env import EngineEnv
-
     env = EngineEnv("vllm", "python3", table["engine"]["distribution"], table["engine"]["version"])
     return replace(TrialContext({"vllm": (VllmAdapter(), env)}, model, device, workload, ROOT, Quiet()), slo=slo)
+
+
+# ---- the capacity table (measure_capacity_grid) ----
+CAPACITY_TABLE = ROOT / "tests" / "benchmarks" / "data" / "capacity_grid_vllm_cpu_rag.json"
+
+
+def load_capacity(path: Path = CAPACITY_TABLE) -> dict[str, Any]:
+    """The capacity table, its points keyed by their (unprefixed) params and each rung's step rebuilt."""
+    table = dict(json.loads(path.read_text()))
+    points = {}
+    for row in table["points"].values():
+        rungs = {int(r): Measured(**m) for r, m in row.get("rungs", {}).items()}
+        points[key(row["params"])] = {**row, "rungs": dict(sorted(rungs.items()))}
+    table["points"] = points
+    return table
+
+
+def plan_of(table: dict[str, Any], scored: tuple[str, ...]) -> CapacityPlan:
+    """The plan the table was served with, scoring ``scored``."""
+    p = dict(table["plan"])
+    return CapacityPlan(**{**p, "tiers": {k: dict(v) for k, v in p["tiers"].items()}, "scored": scored})
+
+
+def schedule_s(rate: float, plan: CapacityPlan) -> float:
+    """How long a step at ``rate`` releases requests for (``tuner.measure.rate_steps.step_requests``)."""
+    return max(plan.min_requests, math.ceil(rate * plan.min_step_s)) / rate
+
+
+def rung_for(rungs: dict[int, Measured], rate: float, plan: CapacityPlan) -> tuple[Measured, float]:
+    """The recorded step nearest ``rate`` on the log scale, and what serving it at ``rate`` would have
+    cost: the rung's duration scaled by the two rates' schedules. Outside the ladder the end rung
+    stands in: the lowest for a rate below it (a config passes at lower load), the highest above."""
+    nearest = min(rungs.values(), key=lambda m: abs(math.log(m.rate_req_s / rate)))
+    return nearest, nearest.duration_s * schedule_s(rate, plan) / schedule_s(nearest.rate_req_s, plan)
+
+
+def ladder_capacity(rungs: dict[int, Measured], plan: CapacityPlan, tier: str) -> float:
+    """The ladder's own answer: the highest passing rung below the lowest failing one (0 if none)."""
+    steps = [
+        replace(s, passed=False) if m.aborted else s
+        for m in rungs.values()
+        if (s := summarize_step(m.rate_req_s, m.rows, plan.tiers[tier], plan.target, m.duration_s, itl_ms=m.itl_ms))
+    ]
+    fails = [s.rate_req_s for s in steps if not s.passed]
+    ceiling = min(fails, default=math.inf)
+    return max((s.rate_req_s for s in steps if s.passed and s.rate_req_s < ceiling), default=0.0)
+
+
+@dataclass
+class CapacityTableRunner:
+    """A ``runner`` for ``SearchObjective`` under a capacity objective: each trial's search runs the
+    tuner's own ``search_capacity`` and ``score_capacity``, its steps answered from the config's ladder."""
+
+    points: dict[str, dict[str, Any]]
+    plan: CapacityPlan
+    booted: list[str] = field(default_factory=list)
+    search_s: float = 0.0  # what the replayed searches would have spent serving steps
+    boot_s: float = 0.0  # and booting and warming up
+
+    def __call__(
+        self, number: int, config: Config, ctx: TrialContext, watch: WatchFactory | None = None,
+        incumbents: dict[str, float] | None = None, prune: bool = True,
+    ) -> TrialResult:  # fmt: skip
+        row = self.points[key(dict(config.params))]
+        self.booted.append(key(dict(config.params)))
+        launch = VllmAdapter().launch(config, ctx.model, ctx.device, 8000, "python3", "0.32.0")
+        result = TrialResult(config=config, launch=launch, engine_version="0.32.0", failure=row["failure"])
+        result.memory_facts = parse_facts("\n".join(row["memory_lines"]))
+        result.phases_s = {k: v for k, v in row["phases_s"].items() if k in ("boot", "warmup")}
+        self.boot_s += sum(result.phases_s.values()) or float(row["wall_s"])
+        if row["failure"] is not None:
+            return result
+        costs: list[float] = []
+
+        def measure(rate: float) -> Measured:
+            m, cost = rung_for(row["rungs"], rate, self.plan)
+            costs.append(cost)
+            return replace(m, rate_req_s=rate)  # served as asked: the search and the scoring key steps by rate
+
+        outcome = search_capacity(measure, self.plan, incumbents, prune)
+        outcome.search_s = sum(costs)
+        self.search_s += outcome.search_s
+        score_capacity(result, outcome, self.plan, prune, row["since_ready"], row["alive"])
+        return result
+
+
+def capacity_context(table: dict[str, Any], plan: CapacityPlan) -> TrialContext:
+    """The trial context the capacity table was served in, scoring ``plan``'s tiers."""
+    m, d = table["model"], table["device"]
+    model = ModelSpec(m["path"], m["drafts"], m["max_model_len"])
+    device = Device(d["kind"], d["name"], d["memory_bytes"])
+    workload = Workload("rag", 0, (), (), 1, "replayed from the capacity table")
+    env = EngineEnv("vllm", "python3", table["engine"]["distribution"], table["engine"]["version"])
+    return TrialContext({"vllm": (VllmAdapter(), env)}, model, device, workload, ROOT, Quiet(), capacity=plan)

@@ -29,6 +29,7 @@ from typing import Any
 import optuna
 
 from tests.benchmarks import _report, _table
+from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.stress import judge as judge_stress
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.objective import SearchObjective
@@ -101,6 +102,71 @@ def run_once(name: str, seed: int, objective: str, table: dict[str, Any], truth:
     study.optimize(search, n_trials=budget, callbacks=[stop])
     return _outcome(study, runner, search.boots, reached, table)
 
+
+CAPACITY_SPACE = _report.ROOT / "search_spaces" / "grid-cpu-capacity.yaml"
+CAPACITY_TIER = "interactive"
+# The search's own resolution: two capacities closer than that are one bisection apart, so "found the
+# best" means within it rather than within the 5 % the latency objectives use.
+CAPACITY_WITHIN = 0.10
+
+
+def capacity_truth(table: dict[str, Any], plan: CapacityPlan) -> dict[str, Any]:
+    """Each served config's capacity on its own ladder (no search, no incumbent), and the grid's best."""
+    served = {k: _table.ladder_capacity(p["rungs"], plan, CAPACITY_TIER)
+              for k, p in table["points"].items() if not p["failure"]}  # fmt: skip
+    best_key = max(served, key=lambda k: served[k])
+    return {"best_capacity": served[best_key], "best_config": best_key, "served": len(served),
+            "size": len(table["points"]), "capacities": served}  # fmt: skip
+
+
+def run_capacity_once(name: str, seed: int, table: dict[str, Any], truth: dict[str, Any], plan: CapacityPlan,
+                      screen: bool = True, prune: bool = True) -> dict[str, Any]:  # fmt: skip
+    """One study under ``--objective capacity``, its engine the capacity table, until its best feasible
+    capacity is within ``CAPACITY_WITHIN`` of the grid's best or twice the grid's size is spent."""
+    study = optuna.create_study(directions=directions("capacity"), sampler=SAMPLERS[name](seed))
+    enqueue_defaults(study, ["vllm"])
+    space = load_space(CAPACITY_SPACE)
+    if name == "grid":
+        for point in shuffled(grid_points(space, ["vllm"], list(table["model"]["drafts"])), seed):
+            study.enqueue_trial(point, user_attrs={"config_kind": "sampled"})
+    runner = _table.CapacityTableRunner(table["points"], plan)
+    search = SearchObjective(study, space, _table.capacity_context(table, plan), "capacity", screen, prune, runner)
+    reached: dict[str, float] = {}
+
+    def stop(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        best = max((t.values[0] for t in feasible_trials(study) if t.values is not None), default=0.0)
+        if not reached and best >= (1 - CAPACITY_WITHIN) * truth["best_capacity"]:
+            reached.update(trials=trial.number + 1, boots=search.boots, machine_s=runner.boot_s + runner.search_s)
+            study.stop()
+
+    study.optimize(search, n_trials=2 * truth["size"], callbacks=[stop])
+    attrs = [t.user_attrs for t in study.trials]
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    return {
+        "reached": bool(reached), "trials": int(reached.get("trials", len(study.trials))),
+        "boots": int(reached.get("boots", search.boots)),
+        "machine_s": round(reached.get("machine_s", runner.boot_s + runner.search_s), 1),
+        "search_s": round(runner.search_s, 1), "screened": sum(1 for a in attrs if a.get("failure") == "screened"),
+        "failing_booted": sum(1 for a in attrs if a.get("failure") not in (None, "screened")),
+        "pruned": len(pruned),
+        "pruned_wrongly": sum(1 for t in pruned if truth["capacities"].get(_table.key(t.user_attrs["config"]), 0.0)
+                              >= (1 - CAPACITY_WITHIN) * truth["best_capacity"]),
+    }  # fmt: skip
+
+
+def summarize_capacity(runs: list[dict[str, Any]], grid_size: int) -> dict[str, Any]:
+    trials = [r["trials"] for r in runs]
+    q = statistics.quantiles(trials, n=4) if len(trials) > 1 else [trials[0]] * 3
+    machine = [r["machine_s"] for r in runs]
+    mq = statistics.quantiles(machine, n=4) if len(machine) > 1 else [machine[0]] * 3
+    return {
+        "median_trials": statistics.median(trials), "q1": q[0], "q3": q[2],
+        "share_of_grid": statistics.median(trials) / grid_size,
+        "median_boots": statistics.median(r["boots"] for r in runs), "median_machine_s": statistics.median(machine),
+        "machine_q1": mq[0], "machine_q3": mq[2], "reached": sum(r["reached"] for r in runs), "seeds": len(runs),
+        **{k: statistics.median(r[k] for r in runs)
+           for k in ("screened", "failing_booted", "pruned", "pruned_wrongly")},
+    }  # fmt: skip
 
 def _outcome(study: optuna.Study, runner: _table.TableRunner, boots: int, reached: dict[str, int],
              table: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
@@ -192,8 +258,47 @@ def render(data: dict[str, Any]) -> str:
     lines += ["## Ablations (goodput, tuner default TPE)", "",
               _report.table(HEADER, _rows(data["ablations"], data["results"]["goodput"]["random"]["median_trials"])),
               ""]  # fmt: skip
+    if data.get("capacity"):
+        lines += _capacity_section(data["capacity"])
     lines += _stress_section(data["stress"])
     return "\n".join(lines) + "\n"
+
+
+CAPACITY_HEADER = ["sampler", "median trials", "quartiles", "median boots", "machine s (quartiles)", "share of grid",
+                   "reached", "vs random", "failing booted", "screened", "pruned", "pruned wrongly"]  # fmt: skip
+
+
+def _capacity_rows(results: dict[str, dict[str, Any]], random_median: float) -> list[list[Any]]:
+    return [[name, f"{s['median_trials']:g}", f"{s['q1']:g}-{s['q3']:g}", f"{s['median_boots']:g}",
+             f"{s['median_machine_s']:.0f} ({s['machine_q1']:.0f}-{s['machine_q3']:.0f})",
+             f"{100 * s['share_of_grid']:.1f} %", f"{s['reached']}/{s['seeds']}",
+             f"{random_median / s['median_trials']:.2f}x", f"{s['failing_booted']:g}", f"{s['screened']:g}",
+             f"{s['pruned']:g}", f"{s['pruned_wrongly']:g}"] for name, s in results.items()]  # fmt: skip
+
+
+def _capacity_section(cap: dict[str, Any]) -> list[str]:
+    truth, results = cap["truth"], cap["results"]
+    plan = cap["plan"]
+    tier = ", ".join(f"{k} <= {v:g}" for k, v in plan["tiers"][CAPACITY_TIER].items())
+    ranked = sorted(truth["capacities"].items(), key=lambda kv: -kv[1])[:5]
+    return [
+        f"## Capacity (`--objective capacity`, {CAPACITY_TIER} tier)", "",
+        f"The table `tests/benchmarks/data/capacity_grid_vllm_cpu_rag.json` (`measure_capacity_grid`, "
+        f"{cap['measured']}): every config of `search_spaces/grid-cpu-capacity.yaml` ({truth['size'] - 1} configs "
+        f"plus the engine default, {truth['served']} of which served) served once on a fixed ladder of open-loop "
+        f"rates {100 * plan['resolution']:g} % apart. A replayed trial runs the tuner's own capacity search "
+        "(`search_capacity`, from the incumbent, with the 0.75 rescue probe and the pruning) and scoring "
+        "(`score_capacity`); each step it asks for is answered by the ladder's nearest rung, and costs that "
+        "rung's recorded time scaled to the asked rate's schedule. A run stops once its best feasible capacity "
+        f"is within {100 * CAPACITY_WITHIN:g} % (the search's resolution) of the grid's best, "
+        f"{truth['best_capacity']:.3g} req/s by the ladders, or after {2 * truth['size']} trials. "
+        "Machine s is boot, warmup and search time up to then.", "",
+        f"SLO ({CAPACITY_TIER}): {tier}; attainment target {plan['target']:g}. The grid's best ladder "
+        "capacities: " + "; ".join(f"`{k}` {v:.3g}" for k, v in ranked) + ".", "",
+        _report.table(CAPACITY_HEADER, _capacity_rows(results, results["random"]["median_trials"])), "",
+        "\"Pruned wrongly\": pruned trials whose config is within the goal's margin of the best on its own ladder.",
+        "",
+    ]  # fmt: skip
 
 
 def _goal(data: dict[str, Any]) -> list[str]:
@@ -207,6 +312,16 @@ def _goal(data: dict[str, Any]) -> list[str]:
             f"- {objective}: the default sampler needed a median {tpe['median_trials']:g} trials "
             f"({100 * tpe['share_of_grid']:.1f} % of the grid's {data['truth']['size']}; {tpe['median_boots']:g} "
             f"boots), random search {rnd['median_trials']:g} ({rnd['median_boots']:g} boots): goal {met}."
+        )
+    if data.get("capacity"):
+        res = data["capacity"]["results"]
+        tpe, rnd = res["tpe (tuner default)"], res["random"]
+        met = "met" if tpe["share_of_grid"] <= 0.25 and tpe["median_trials"] < rnd["median_trials"] else "not met"
+        out.append(
+            f"- capacity: the default sampler needed a median {tpe['median_trials']:g} trials "
+            f"({100 * tpe['share_of_grid']:.1f} % of the capacity grid's {data['capacity']['truth']['size']}; "
+            f"{tpe['median_machine_s']:.0f} s of machine time), random search {rnd['median_trials']:g} "
+            f"({rnd['median_machine_s']:.0f} s): goal {met}."
         )
     near = sum(1 for c in data.get("near_best", []))
     out += ["", f"What limits it: every config of the table was measured once, so configs within 5 % of the best "
@@ -244,6 +359,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--table", type=Path, default=_table.TABLE)
+    parser.add_argument("--capacity-table", type=Path, default=_table.CAPACITY_TABLE)
     args = parser.parse_args()
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -264,6 +380,7 @@ def main() -> None:
                                  ("tpe, neither", False, False)):  # fmt: skip
         runs = [run_once("tpe (tuner default)", s, "goodput", table, truth, screen, prune) for s in range(args.seeds)]
         ablations[label] = summarize(runs, truth["size"]) | {"runs": runs}
+    capacity = run_capacity(args.capacity_table, args.seeds, names)
     near = [
         k
         for k, p in table["points"].items()
@@ -273,11 +390,38 @@ def main() -> None:
     data = {"stamp": started, "seeds": args.seeds, "truth": truth,
             "near_best": near,
             "engine": table["engine"]["version"], "measured": _measured(table), "slo": SLO,
-            "results": results, "ablations": ablations, "stress": stress_cases(table)}  # fmt: skip
+            "results": results, "ablations": ablations, "stress": stress_cases(table),
+            "capacity": capacity}  # fmt: skip
     text = _report.stamped(render(data), started)
     (_report.REPORTS / "search.md").write_text(text + "\n")
     (_report.REPORTS / "search.json").write_text(json.dumps(_report._finite(data), indent=1) + "\n")
     print(text)
+
+
+def run_capacity(path: Path, seeds: int, names: list[str]) -> dict[str, Any]:
+    """Every sampler (and TPE without pruning) under the capacity objective, against the capacity table."""
+    if not path.exists():
+        raise SystemExit(f"bench_search: no capacity table at {path}: run `python -m tests.benchmarks "
+                         "measure_capacity_grid` first (an hour or two)")  # fmt: skip
+    table = _table.load_capacity(path)
+    plan = _table.plan_of(table, (CAPACITY_TIER,))
+    truth = capacity_truth(table, plan)
+    results: dict[str, dict[str, Any]] = {}
+    runs_of = [(name, name, True) for name in names] + [("tpe, no pruning", "tpe (tuner default)", False)]
+    for label, name, prune in runs_of:
+        began = time.time()
+        runs = [run_capacity_once(name, seed, table, truth, plan, prune=prune) for seed in range(seeds)]
+        results[label] = summarize_capacity(runs, truth["size"]) | {"runs": runs}
+        done = results[label]
+        print(f"capacity {label}: median {done['median_trials']} trials, {done['median_machine_s']:.0f} machine s "
+              f"({time.time() - began:.0f} s)", flush=True)  # fmt: skip
+    stamps = sorted(p["measured_at"] for p in table["points"].values())
+    loads = [p["load_avg_1m_before"] for p in table["points"].values()]
+    measured = (f"{stamps[0]} to {stamps[-1]}, 1-minute load average {min(loads):.1f}-{max(loads):.1f} before each, "
+                f"on {(table['stamp'].get('commit') or '?')[:7]}")  # fmt: skip
+    plan_attrs = {"tiers": {k: dict(v) for k, v in plan.tiers.items()}, "target": plan.target,
+                  "resolution": plan.resolution}  # fmt: skip
+    return {"truth": truth, "results": results, "plan": plan_attrs, "measured": measured}
 
 
 def _measured(table: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from tuner.measure.telemetry import MemorySampler
 from tuner.progress import Progress
 from tuner.workloads.base import Workload
 
-__all__ = ["MAX_ERROR_RATE", "TrialContext", "TrialResult", "run_trial"]
+__all__ = ["MAX_ERROR_RATE", "TrialContext", "TrialResult", "run_trial", "score_capacity"]
 
 
 def run_trial(
@@ -199,17 +199,27 @@ def serve_capacity(
         alive = server.alive() and healthy(client, server)
     if not all(cache_reset):
         result.warnings.append("prefix cache not reset between steps: later steps may have started warm")
+    since_ready = tail(server.log_path, max_lines=400, start=ready_at)
+    score_capacity(result, outcome, plan, prune, since_ready, alive)
+    scored = {tier: outcome.results[tier] for tier in plan.scored}
+    text = ", ".join(f"{tier} {r.capacity_req_s:.3g} req/s ({r.stop_reason})" for tier, r in scored.items())
+    ctx.progress.phase(number, "score", f"failed: {result.failure}" if result.failure else f"capacity: {text}")
+
+
+def score_capacity(
+    result: TrialResult, outcome: CapacityOutcome, plan: CapacityPlan, prune: bool, since_ready: str, alive: bool
+) -> None:
+    """A finished capacity search as the trial's result: its figures, its failure class from the log
+    since the server was ready, and the pruned mark when every scored tier was pruned. Shared with the
+    tabular benchmark, which replays searches over recorded steps."""
     result.phases_s["capacity"] = round(outcome.search_s, 2)
     _score_capacity(result, outcome, plan)
-    since_ready = tail(server.log_path, max_lines=400, start=ready_at)
     result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE)
     scored = {tier: outcome.results[tier] for tier in plan.scored}
     if prune and all(r.pruned for r in scored.values()):
         sent = sum(len(m.rows) for m in outcome.measured)
         result.pruned = {"at_requests": sent, "steps": len(outcome.measured), "values": {}, "saved_s": None,
                          "capacity": {tier: r.capacity_req_s for tier, r in scored.items()}}  # fmt: skip
-    text = ", ".join(f"{tier} {r.capacity_req_s:.3g} req/s ({r.stop_reason})" for tier, r in scored.items())
-    ctx.progress.phase(number, "score", f"failed: {result.failure}" if result.failure else f"capacity: {text}")
 
 
 def _score_capacity(result: TrialResult, outcome: CapacityOutcome, plan: CapacityPlan) -> None:

