@@ -41,6 +41,7 @@ MIN_WATCH_S = 5.0  # mid-step, saturation is judged over at least this long afte
 FLOOR_DIVISOR = 8.0  # with no incumbent, halve down to start_rate / 8 before reporting no capacity
 PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at 0.75 * c
 MIN_DECIDED = 20  # fewest decided requests before a mid-step collapse is believed
+SATURATED, COLLAPSED = "saturated", "collapsed"  # why the monitor cut a step
 
 Row = Mapping[str, Any]
 
@@ -129,8 +130,16 @@ def collapsed(attainment: float, target: float) -> bool:
 
 def should_abort(rows: Sequence[Row], slo: Mapping[str, float], target: float, now_s: float, warmup_s: float) -> bool:
     """Mid-step: saturated, or the requests already decided after warm-up have collapsed attainment."""
+    return cut_reason(rows, slo, target, now_s, warmup_s) is not None
+
+
+def cut_reason(
+    rows: Sequence[Row], slo: Mapping[str, float], target: float, now_s: float, warmup_s: float
+) -> str | None:
+    """Why a step should stop now (``SATURATED`` or ``COLLAPSED``), or None to go on. Stored on the step,
+    since the figures at its end are judged over another window and may show neither."""
     if now_s - warmup_s >= MIN_WATCH_S and saturated(rows, warmup_s, now_s):
-        return True
+        return SATURATED
     good = bad = 0
     for row in rows:
         if float(row["sent_s"]) < warmup_s:
@@ -145,7 +154,7 @@ def should_abort(rows: Sequence[Row], slo: Mapping[str, float], target: float, n
             "e2e_p95_ms", math.inf
         ):
             bad += 1  # still running but already past a bound: a miss whatever happens next
-    return good + bad >= MIN_DECIDED and collapsed(good / (good + bad), target)
+    return COLLAPSED if good + bad >= MIN_DECIDED and collapsed(good / (good + bad), target) else None
 
 
 def _pct(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -184,6 +193,7 @@ class Step:
     output_throughput_tok_s: float = 0.0
     server: dict[str, float | None] = field(default_factory=dict)
     cut_s: float | None = None  # the monitor stopped the step this many seconds in (it then never passes)
+    cut_reason: str | None = None  # and why: SATURATED, or COLLAPSED under every tier
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: non-finite numbers become None (it is stored as a trial user attribute)."""

@@ -25,7 +25,7 @@ from tuner.client.driver import drive
 from tuner.client.sse import RequestRecord
 from tuner.client.transport import StreamTransport
 from tuner.engines.base import EngineAdapter
-from tuner.measure.capacity import CapacityResult, CapacitySearch, Row, should_abort, summarize_step
+from tuner.measure.capacity import SATURATED, CapacityResult, CapacitySearch, Row, cut_reason, summarize_step
 from tuner.measure.metrics import itl_ms, request_row, scrape_metrics
 from tuner.workloads.arrivals import Arrival, release_times
 from tuner.workloads.base import Request
@@ -70,6 +70,7 @@ class Measured:
     duration_s: float
     server: dict[str, float | None] = field(default_factory=dict)
     aborted: bool = False
+    cut_reason: str | None = None  # why the monitor cut it (tuner.measure.capacity.cut_reason)
 
 
 @dataclass
@@ -130,9 +131,13 @@ def _rows(records: Sequence[RequestRecord], requests: Sequence[Request], started
 
 
 async def _serve_step(
-    base_url: str, model: str, requests: Sequence[Request], deadline_s: float, stop: Callable[[list[Row], float], bool]
-) -> tuple[list[RequestRecord], float, float, bool]:
-    """Drive ``requests`` open loop; cancel at ``deadline_s`` or when ``stop`` says so."""
+    base_url: str,
+    model: str,
+    requests: Sequence[Request],
+    deadline_s: float,
+    stop: Callable[[list[Row], float], str | None],
+) -> tuple[list[RequestRecord], float, float, str | None]:
+    """Drive ``requests`` open loop; cancel at ``deadline_s``, or when ``stop`` gives a reason (returned)."""
     records: list[RequestRecord] = []
     transport = StreamTransport(max_connections=len(requests))
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as client:
@@ -140,12 +145,14 @@ async def _serve_step(
         task = asyncio.create_task(
             drive(client, base_url, model, requests, concurrency=len(requests), on_record=records.append)
         )
-        aborted = cut = False
+        reason: str | None = None
+        cut = False
         while not task.done():
             await asyncio.sleep(MONITOR_EVERY_S)
             now = time.perf_counter() - started
-            if now > deadline_s or stop(_rows(records, requests, started, now), now):
-                aborted, cut = now <= deadline_s, True
+            reason = None if now > deadline_s else stop(_rows(records, requests, started, now), now)
+            if now > deadline_s or reason is not None:
+                cut = True
                 task.cancel()
                 break
         try:
@@ -156,7 +163,7 @@ async def _serve_step(
             current = asyncio.current_task()
             if not cut or (current is not None and current.cancelling()):
                 raise
-    return records, started, time.perf_counter(), aborted
+    return records, started, time.perf_counter(), reason
 
 
 def measure_step(
@@ -168,19 +175,22 @@ def measure_step(
     schedule_s = max((r.arrival_s or 0.0) for r in requests)
     warmup_s = schedule_s * 0.1
 
-    def stop(rows: list[Row], now: float) -> bool:
-        return all(should_abort(rows, slo, plan.target, now, warmup_s) for slo in plan.tiers.values())
+    def stop(rows: list[Row], now: float) -> str | None:
+        reasons = [cut_reason(rows, slo, plan.target, now, warmup_s) for slo in plan.tiers.values()]
+        if None in reasons:
+            return None  # some tier could still pass this step
+        return SATURATED if SATURATED in reasons else reasons[0]
 
     with httpx.Client(timeout=10.0) as client:
         before = scrape_metrics(client, base_url)
         deadline = schedule_s + max(MIN_DRAIN_S, DRAIN_SHARE * schedule_s)
-        records, started, ended, aborted = asyncio.run(_serve_step(base_url, model, requests, deadline, stop))
+        records, started, ended, reason = asyncio.run(_serve_step(base_url, model, requests, deadline, stop))
         after = scrape_metrics(client, base_url)
     duration = ended - started
     rows = [dict(r) for r in _rows(records, requests, started, duration)]
     gaps = [gap for r in records if r.error is None for gap in itl_ms(r)]
     server = adapter.server_stats(before, after) if adapter is not None and before and after else {}
-    return Measured(rate, rows, gaps, duration, server, aborted)
+    return Measured(rate, rows, gaps, duration, server, reason is not None, reason)
 
 
 def search_capacity(
@@ -211,10 +221,11 @@ def search_capacity(
                 # The monitor cut it: saturated (requests in flight kept growing, so no SLO holds
                 # for long at this rate), or collapsed under every tier. Never a pass, and the
                 # step says so, since the end-of-step figures alone may look like one.
-                step = replace(step, passed=False, cut_s=round(m.duration_s, 2))
+                step = replace(step, passed=False, cut_s=round(m.duration_s, 2), cut_reason=m.cut_reason)
             search.record(step, measured=fresh)
             if said is not None:
-                cut = f" (cut at {step.cut_s:.0f} s)" if step.cut_s is not None else ""
+                why = f": {step.cut_reason}" if step.cut_reason else ""
+                cut = f" (cut at {step.cut_s:.0f} s{why})" if step.cut_s is not None else ""
                 said(tier, m, f"{step.attainment:.0%} {'pass' if step.passed else 'fail'}{cut}")
         results[tier] = search.result()
     return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started)

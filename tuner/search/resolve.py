@@ -178,9 +178,13 @@ def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> Ca
 
 
 # Step sizes per device. On the CPU build a boot costs a minute and a request seconds, so steps are
-# short and the search starts low; on a GPU a step needs enough requests for a p95 of its own.
+# short and the search starts low; on a GPU a step needs enough requests for a p95 of its own. A GPU
+# search starts at the lowest rate whose minimum requests arrive within the minimum step time: below
+# it a step waits for its requests to trickle in, and those slow first steps made the first search
+# of an H200 study outlast its boot (reports/gpu-h200/capacity/block3). Lower capacities are still
+# found: a search without an incumbent halves down from its start.
 CPU_STEPS: dict[str, Any] = {"start_rate": 0.5, "min_step_s": 6.0, "min_requests": 10, "max_steps": 8}
-GPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10}
+GPU_STEPS: dict[str, Any] = {"start_rate": 40 / 15.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10}
 MIN_TTFT_MS = 1.0  # no server answers over HTTP within a millisecond
 
 

@@ -17,6 +17,7 @@ from tuner.measure.capacity import (
     CapacitySearch,
     Step,
     attainment_of,
+    cut_reason,
     judged_step,
     ladder_rates,
     saturated,
@@ -201,7 +202,15 @@ def test_saturation_growing_in_flight_vs_steady() -> None:
     seen = [r if r["done_s"] <= 8.0 else {**r, "first_s": None, "done_s": None} for r in queued(10.0, 8.0, 0.2)]
     assert saturated(seen, 1.0, 8.0)
     assert should_abort(seen, STRICT, 0.9, now_s=8.0, warmup_s=1.0)
+    assert cut_reason(seen, STRICT, 0.9, now_s=8.0, warmup_s=1.0) == "saturated"
     assert not should_abort(steady(10.0, 8.0), {"e2e_p95_ms": 1000.0}, 0.9, now_s=8.0, warmup_s=1.0)
+
+
+def test_a_cut_says_collapsed_when_requests_miss_the_slo_but_the_queue_is_steady() -> None:
+    slow = steady(10.0, 8.0, latency=3.0)  # keeps up (in flight steady), but every request misses a 1 s e2e bound
+    assert not saturated(slow, 1.0, 8.0)
+    assert cut_reason(slow, {"e2e_p95_ms": 1000.0}, 0.9, now_s=8.0, warmup_s=1.0) == "collapsed"
+    assert cut_reason(slow, {"e2e_p95_ms": 5000.0}, 0.9, now_s=8.0, warmup_s=1.0) is None
 
 
 def test_summarize_step_counts_failures_as_misses_and_drops_ramp_and_drain() -> None:

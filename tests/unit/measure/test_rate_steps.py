@@ -107,18 +107,19 @@ def test_steps_another_tier_measured_do_not_count_against_max_steps() -> None:
 def test_a_step_the_monitor_cut_never_passes_and_says_when_it_was_cut() -> None:
     def measure(rate: float) -> Measured:
         m = _measured_at(rate, knee_strict=2.0, knee_relaxed=100.0)
-        return replace(m, aborted=rate > 4.0, duration_s=6.8 if rate > 4.0 else m.duration_s)
+        cut = rate > 4.0
+        return replace(m, aborted=cut, cut_reason="saturated" if cut else None, duration_s=6.8 if cut else m.duration_s)
 
     said: list[str] = []
     plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.5)
     out = search_capacity(measure, plan, said=lambda tier, m, verdict: said.append(f"{tier} {m.rate_req_s} {verdict}"))
     cut = [s for s in out.results["relaxed"].steps if s.rate_req_s > 4.0]
-    assert cut and all(not s.passed and s.cut_s == 6.8 for s in cut)
+    assert cut and all(not s.passed and s.cut_s == 6.8 and s.cut_reason == "saturated" for s in cut)
     assert all(s.attainment >= 0.9 for s in cut), "what was served met the SLO: the cut alone fails it"
     assert 4.0 / 1.5 <= out.results["relaxed"].capacity_req_s <= 4.0
-    assert any("(cut at 7 s)" in line for line in said), said
+    assert any("(cut at 7 s: saturated)" in line for line in said), said
     uncut = [s for s in out.results["relaxed"].steps if s.rate_req_s <= 4.0]
-    assert all(s.cut_s is None for s in uncut) and "cut_s" in uncut[0].as_dict()
+    assert all(s.cut_s is None and s.cut_reason is None for s in uncut) and "cut_reason" in uncut[0].as_dict()
 
 
 def test_an_unscored_tier_costs_no_step() -> None:
