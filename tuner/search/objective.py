@@ -134,6 +134,8 @@ class SearchObjective:
         """Tell the twin's outcome again, without a boot: the sampler learns the same as from the twin.
         Its times are the twin's alone, so a sum over the study counts that boot once."""
         for key, value in twin.user_attrs.items():
+            if key == "capacity" and isinstance(value, dict):
+                value = {**value, "search_s": None}  # the curve is the twin's; the seconds it took were spent once
             if key not in ("config_kind", "worker", "boot_s", "phases_s"):
                 trial.set_user_attr(key, value)
         trial.set_user_attr("booted", False)

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import math
 
+import optuna
 import pytest
 
 from tests.benchmarks import _table
 from tuner.engines.base import Config
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.measure.trial import TrialContext
+from tuner.search.objective import SearchObjective
+from tuner.search.scoring import directions
+from tuner.search.space import Space
+from tuner.study.attrs import enqueue_defaults
 
 PLAN = CapacityPlan(
     tiers={"interactive": {"ttft_p95_ms": 1000.0}, "relaxed": {"ttft_p95_ms": 4000.0}},
@@ -75,3 +80,19 @@ def test_a_step_asked_below_the_ladder_costs_its_own_schedule() -> None:
     m, cost = _table.rung_for(rungs, 0.4, PLAN)
     assert m is rungs[5]
     assert cost == pytest.approx(rungs[5].duration_s * (10 / 0.4) / (10 / 0.805))
+
+
+def test_a_study_under_the_capacity_objective_tells_a_repeated_config_again_without_its_seconds() -> None:
+    points = {_table.key({}): _point(2.4), _table.key({"max_num_seqs": 2}): _point(0.9)}
+    runner = _table.CapacityTableRunner(points, PLAN)
+    study = optuna.create_study(directions=directions("capacity"))
+    enqueue_defaults(study, ["vllm"])
+    for _ in range(2):
+        study.enqueue_trial({"engine": "vllm", "vllm.max_num_seqs": 2})
+    space = Space.model_validate({"engines": ["vllm"], "parameters": {"max_num_seqs": {"choices": [2, 4]}}})
+    study.optimize(SearchObjective(study, space, _ctx(), "capacity", True, True, runner), n_trials=3)
+    default, pruned, again = study.trials[:3]
+    assert default.values[0] == pytest.approx(_table.ladder_capacity(_ladder(2.4), PLAN, "interactive"), rel=0.1)
+    assert pruned.state == again.state == optuna.trial.TrialState.PRUNED and len(runner.booted) == 2
+    assert again.user_attrs["duplicate_of"] == pruned.number
+    assert pruned.user_attrs["capacity"]["search_s"] > 0 and again.user_attrs["capacity"]["search_s"] is None
