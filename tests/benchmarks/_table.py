@@ -27,7 +27,7 @@ from tuner.measure.capacity import summarize_step
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity
 from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory, score_capacity
 from tuner.progress import Quiet
-from tuner.search.memory import parse_facts, read_shape
+from tuner.search.memory import estimate, parse_facts
 from tuner.search.pruning import running_values
 from tuner.workloads.base import Workload
 
@@ -109,27 +109,26 @@ def models(table: dict[str, Any]) -> ModelSpec:
     once every KV cache size the table recorded is what their shapes predict; otherwise this stops,
     since a screen without shapes screens nothing and the table's screen figures would be wrong.
     """
-    m, budget = table["model"], int(table["device"]["memory_bytes"])
+    m = table["model"]
     if Path(m["path"]).exists():
         return ModelSpec(m["path"], m["drafts"], m["max_model_len"])
     here = default_models(probe(VllmAdapter(), ROOT / ".engines" / "vllm").python, m["max_model_len"])
+    d = table["device"]
+    device = Device(d["kind"], d["name"], d["memory_bytes"])
     for row in table["points"].values():
         facts = parse_facts("\n".join(row["memory_lines"]))
         if row["failure"] is not None or not facts.get("kv_tokens"):
             continue
-        shapes = [read_shape(here.path)]
-        draft = row["params"].get("draft_model")
-        if row["params"].get("num_speculative_tokens") and draft and draft != "ngram":
-            shapes.append(read_shape(here.drafts[draft]))
-        if any(shape is None for shape in shapes):
+        config = Config("vllm", row["params"], is_default=not row["params"])
+        # the screen's own first-principles estimate (no history): what these models' shapes give
+        est = estimate(config, here, device, [], VllmAdapter.default_memory_fraction, 1)
+        if est is None:
             raise SystemExit(f"benchmark: cannot read the shapes of this machine's models in {here.path}")
-        per_token = sum(shape.kv_bytes_per_token for shape in shapes if shape is not None)
-        predicted = float(row["params"].get("memory_fraction", 0.9)) * budget / per_token
-        if abs(predicted - facts["kv_tokens"]) > SHAPE_TOLERANCE * facts["kv_tokens"]:
+        if abs(est.predicted_tokens - facts["kv_tokens"]) > SHAPE_TOLERANCE * facts["kv_tokens"]:
             raise SystemExit(
                 f"benchmark: the table's models ({m['path']}) are not on this machine, and this machine's "
                 f"({here.path}) differ: {row['params']} had {facts['kv_tokens']:.0f} KV tokens, their shapes "
-                f"give {predicted:.0f}. Measure the table again (measure_grid)."
+                f"give {est.predicted_tokens}. Measure the table again (measure_grid)."
             )
     return here
 
