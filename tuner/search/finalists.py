@@ -40,6 +40,8 @@ from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failur
 from tuner.study.verdict import TOO_FEW_RUNS
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
+# what a stress check keeps of its run; the default's are the reference for the others
+_KEPT = ("ttft_p95_ms", "e2e_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "error_rate", "n_requests")
 
 
 def run_finalists(
@@ -106,7 +108,7 @@ def _summary(trial: optuna.trial.FrozenTrial, runs: list[TrialResult]) -> dict[s
 
 
 def _judge_one(
-    trial: optuna.trial.FrozenTrial, run: TrialResult, slo: dict[str, float], default_ttft_ms: float | None
+    trial: optuna.trial.FrozenTrial, run: TrialResult, slo: dict[str, float], default_stress: dict[str, float] | None
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {"trial": trial.number, "config_kind": trial_attrs(trial).get("config_kind")}
     if run.stress is None:
@@ -114,17 +116,19 @@ def _judge_one(
     s, m = run.stress, run.stress["metrics"]
     is_default = entry["config_kind"] == DEFAULT_KIND
     measured = {k: v for k, v in (trial_attrs(trial).get("metrics") or {}).items() if v is not None}
-    failure = judge_stress(
-        m, measured, slo, s["alive"], s["log"], s["killed"],
-        None if is_default else default_ttft_ms,
-    )  # fmt: skip
-    kept = ("ttft_p95_ms", "e2e_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "error_rate", "n_requests")
+    failure = judge_stress(m, measured, slo, s["alive"], s["log"], s["killed"], m if is_default else default_stress)
     return {
-        **entry, "ran": True, "failure": failure, **{k: _finite(m.get(k)) for k in kept},
+        **entry, "ran": True, "failure": failure, **{k: _finite(m.get(k)) for k in _KEPT},
         "prompt_tokens": s["prompt_tokens"], "concurrency": s["concurrency"],
         "trial_ttft_p95_ms": (trial_attrs(trial).get("metrics") or {}).get("ttft_p95_ms"),
-        "default_ttft_p95_ms": default_ttft_ms, "log_tail": s["log"][-3000:] if failure else "",
+        "default_ttft_p95_ms": (default_stress or {}).get("ttft_p95_ms"),
+        "log_tail": s["log"][-3000:] if failure else "",
     }  # fmt: skip
+
+
+def _peak_figures(entry: dict[str, Any]) -> dict[str, float]:
+    """A stored check's figures at peak, the reference the next configs are judged against."""
+    return {k: float(entry[k]) for k in _KEPT if entry.get(k) is not None}
 
 
 def _finite(value: Any) -> Any:
@@ -136,13 +140,13 @@ def _record_checks(
 ) -> None:
     checks = dict(study_attrs_of(study).get("stress") or {})
     default = next((c for c in checks.values() if c["config_kind"] == DEFAULT_KIND and c.get("ran")), None)
-    default_ttft = default.get("ttft_p95_ms") if default else None
+    default_stress = _peak_figures(default) if default else None
     for number, (trial, run) in checked.items():
         # A capacity trial met its SLO at its capacity rate, not at the stress run's peak concurrency:
         # there only survival and a collapse against itself and the default are judged.
-        entry = _judge_one(trial, run, {} if ctx.capacity else ctx.slo, default_ttft)
+        entry = _judge_one(trial, run, {} if ctx.capacity else ctx.slo, default_stress)
         if entry["config_kind"] == DEFAULT_KIND and entry["ran"]:
-            default_ttft = entry.get("ttft_p95_ms")
+            default_stress = _peak_figures(entry)
         checks[str(number)] = entry
         if entry["failure"]:
             _add_failed_check(study, trial, entry)
