@@ -22,6 +22,10 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
 * ``default_memory_fraction`` is the share of device memory the engine takes when no memory
   fraction is given (None: the engine derives it itself), and ``kv_tokens_required(model)`` the KV
   cache in tokens below which it refuses to start; the memory screen (``tuner.search.memory``) uses both.
+* ``draft_slots_signature`` is the engine's message when speculative drafting leaves no token to
+  schedule, and ``draft_slots(params)`` the scheduling slots a request's drafting takes under
+  ``params`` (None: the engine does not say); ``tuner.search.rejections`` generalises such a
+  rejection by them.
 """
 
 from __future__ import annotations
@@ -123,9 +127,13 @@ class EngineAdapter(abc.ABC):
     ttft_histogram: str = ""
     failure_signatures: tuple[tuple[str, str], ...] = ()
     default_memory_fraction: float | None = None
+    draft_slots_signature: str | None = None
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         return 1  # any positive KV pool
+
+    def draft_slots(self, params: Mapping[str, Any]) -> int | None:
+        return None  # unknown: a rejection for draft slots is generalised only to the same draft
 
     def check_version(self, version: str) -> None:
         if not any(version == v or version.startswith(v + ".") for v in self.supported_versions):

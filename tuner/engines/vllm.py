@@ -17,6 +17,13 @@ only once its own parser has checked our commands, as ``tuner check`` and the co
   fails at boot exactly as a small utilisation fails on a GPU ("KV cache is needed, which is
   larger than the available KV cache memory"). Absent (the default trial): vLLM's default 0.92,
   applied to B on the CPU build.
+
+Draft slots: vLLM reserves the drafting's extra scheduling slots per request out of
+``--max-num-batched-tokens`` and refuses at start a config left with no token to schedule
+(``draft_slots_signature``). A draft model drafting one token at a time takes one slot per request
+whatever K and whichever draft; n-gram lookup takes none (``max_num_new_slots_for_drafting`` of
+0.32's ``SpeculativeConfig``). 0.26 reserves them for every sequence: on the H200 it refused a draft
+model at chunk 1024 at K = 1 as at K = 2, and left 1024 of chunk 2048 to schedule at every K.
 """
 
 from __future__ import annotations
@@ -46,10 +53,16 @@ class VllmAdapter(EngineAdapter):
     ttft_histogram = "vllm:time_to_first_token_seconds"
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
+    draft_slots_signature = r"max_num_scheduled_tokens is set to -?\d+ based on the speculative decoding settings"
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         # "To serve at least one request with the model's max seq len": vLLM refuses to start below it
         return model.max_model_len
+
+    def draft_slots(self, params: Mapping[str, Any]) -> int | None:
+        if not int(params.get("num_speculative_tokens") or 0) or params.get("draft_model") == "ngram":
+            return 0
+        return 1
 
     def launch(
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str

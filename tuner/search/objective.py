@@ -94,7 +94,7 @@ class SearchObjective:
         twin = None if default else self._measured_twin(config)
         if twin is not None:
             return self._duplicate(trial, config, twin, estimate_attrs)
-        like = rejected_like(config, finished) if self.screen else None
+        like = rejected_like(config, finished, adapter) if self.screen else None
         if like is not None:
             why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)

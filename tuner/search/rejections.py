@@ -2,11 +2,13 @@
 
 vLLM refuses, at engine start, a speculative config whose draft slots leave no token to schedule
 ("max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"; vLLM 0.26 on
-the H200 rejected chunk 512 with the 2-layer draft at K = 2 and K = 4, 22 s into each boot). The
-exact budget differs between vLLM versions, but its direction does not: fewer batched tokens
-(``chunk_size``), more speculative tokens or more sequences only make it worse. So a config that
-is no easier than a rejected one on all three, with the same engine and draft, is rejected alike
-and recorded as ``invalid_config`` without a boot (``rejected_like`` names the trial). Other
+the H200 rejected chunk 512 and 1024 with a draft model, 22-31 s into each boot). The direction of
+that budget does not change between versions: fewer batched tokens (``chunk_size``), more draft
+slots per request or more sequences only make it worse. So a config that is no easier than a
+rejected one on all three, with the same engine, is rejected alike and recorded as
+``invalid_config`` without a boot (``rejected_like`` names the trial). The slots a config's
+drafting takes are the adapter's fact (``EngineAdapter.draft_slots``); where the engine does not
+say, only the same draft with at least as many speculative tokens counts as no easier. Other
 rejections are not generalised: their cause need not be monotone in anything.
 """
 
@@ -18,33 +20,40 @@ from typing import Any
 
 import optuna
 
-from tuner.engines.base import Config
+from tuner.engines.base import Config, EngineAdapter
 
-SPEC_SLOTS = re.compile(r"max_num_scheduled_tokens is set to -?\d+ based on the speculative decoding settings")
 REJECTED = "invalid_config"
 
 
-def rejected_like(config: Config, trials: Iterable[optuna.trial.FrozenTrial]) -> optuna.trial.FrozenTrial | None:
+def rejected_like(
+    config: Config, trials: Iterable[optuna.trial.FrozenTrial], adapter: EngineAdapter
+) -> optuna.trial.FrozenTrial | None:
     """The first earlier trial rejected for its draft slots that ``config`` is no easier than."""
-    if config.is_default or not config.params.get("num_speculative_tokens"):
+    if config.is_default or not config.params.get("num_speculative_tokens") or not adapter.draft_slots_signature:
         return None
+    signature = re.compile(adapter.draft_slots_signature)
     for t in trials:
         a = t.user_attrs
         if a.get("failure") != REJECTED or a.get("engine") != config.engine or a.get("rejected_like") is not None:
             continue  # a rejection told from another is not evidence of its own
-        if SPEC_SLOTS.search(a.get("log_tail") or "") and no_easier(config.params, a.get("config") or {}):
+        if signature.search(a.get("log_tail") or "") and no_easier(config.params, a.get("config") or {}, adapter):
             return t
     return None
 
 
-def no_easier(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
-    """At most the batched tokens, at least the speculative tokens and sequences, the same draft. An
-    absent parameter is the engine's default: comparable only with another absent one."""
-    if new.get("draft_model") != old.get("draft_model"):
-        return False
+def no_easier(new: Mapping[str, Any], old: Mapping[str, Any], adapter: EngineAdapter) -> bool:
+    """At most the batched tokens, at least the draft slots and sequences. An absent parameter is the
+    engine's default: comparable only with another absent one."""
+    slots_new, slots_old = adapter.draft_slots(new), adapter.draft_slots(old)
+    if slots_new is None or slots_old is None:
+        drafting = new.get("draft_model") == old.get("draft_model") and _compare(
+            new.get("num_speculative_tokens"), old.get("num_speculative_tokens"), lambda n, o: n >= o
+        )
+    else:
+        drafting = slots_new >= slots_old > 0
     return (
-        _compare(new.get("chunk_size"), old.get("chunk_size"), lambda n, o: n <= o)
-        and _compare(new.get("num_speculative_tokens"), old.get("num_speculative_tokens"), lambda n, o: n >= o)
+        drafting
+        and _compare(new.get("chunk_size"), old.get("chunk_size"), lambda n, o: n <= o)
         and _compare(new.get("max_num_seqs"), old.get("max_num_seqs"), lambda n, o: n >= o)
     )
 

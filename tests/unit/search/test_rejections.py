@@ -6,10 +6,12 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tests.unit.measure.test_gpu_telemetry import STUDY
+from tests.unit.measure.test_gpu_telemetry import ROOT, STUDY
 from tests.unit.search.test_objective import ScriptedEngine, _study
 from tests.unit.search.test_objective import ctx as ctx  # noqa: F401  (a fixture)
 from tuner.engines.base import Config
+from tuner.engines.sglang import SglangAdapter
+from tuner.engines.vllm import VllmAdapter
 from tuner.measure.failures import classify_boot
 from tuner.measure.trial import TrialContext, TrialResult, WatchFactory
 from tuner.report.trials_table import search_effort
@@ -18,6 +20,8 @@ from tuner.search.rejections import no_easier, rejected_like
 from tuner.search.space import Space
 
 REJECTED = {"chunk_size": 512, "num_speculative_tokens": 2, "draft_model": "draft-2l", "memory_fraction": 0.9}
+VLLM = VllmAdapter()
+BLOCK4 = ROOT / "reports" / "gpu-h200" / "capacity" / "block4" / "rag-h200-capacity-4.db"
 
 
 @pytest.mark.parametrize(
@@ -25,15 +29,29 @@ REJECTED = {"chunk_size": 512, "num_speculative_tokens": 2, "draft_model": "draf
     [
         ({}, True),
         ({"num_speculative_tokens": 4}, True),
+        ({"num_speculative_tokens": 1}, True),  # a draft model takes one slot per request whatever K
+        ({"draft_model": "draft-1l"}, True),  # ... and whichever draft
         ({"chunk_size": 256, "memory_fraction": 0.7}, True),  # memory plays no part
         ({"chunk_size": 1024}, False),
-        ({"num_speculative_tokens": 1}, False),
-        ({"draft_model": "ngram"}, False),
+        ({"draft_model": "ngram"}, False),  # n-gram lookup takes no slot
+        ({"num_speculative_tokens": 0}, False),
         ({"max_num_seqs": 64}, False),  # the rejected one ran the default: not comparable
     ],
 )
-def test_no_easier_on_batched_and_speculative_tokens_and_sequences(change: dict[str, object], rejected: bool) -> None:
-    assert no_easier({**REJECTED, **change}, REJECTED) is rejected
+def test_no_easier_on_batched_tokens_draft_slots_and_sequences(change: dict[str, object], rejected: bool) -> None:
+    assert no_easier({**REJECTED, **change}, REJECTED, VLLM) is rejected
+
+
+@pytest.mark.parametrize(
+    ("change", "rejected"),
+    [({}, True), ({"num_speculative_tokens": 4}, True), ({"num_speculative_tokens": 1}, False),
+     ({"draft_model": "draft-1l"}, False), ({"chunk_size": 1024}, False)],
+)  # fmt: skip
+def test_where_the_engine_does_not_say_its_slots_only_the_same_draft_with_more_tokens_is_no_easier(
+    change: dict[str, object], rejected: bool
+) -> None:
+    assert SglangAdapter().draft_slots(REJECTED) is None
+    assert no_easier({**REJECTED, **change}, REJECTED, SglangAdapter()) is rejected
 
 
 def _gpu_trial(number: int) -> optuna.trial.FrozenTrial:
@@ -46,12 +64,26 @@ def test_the_h200_rejection_is_generalised_and_nothing_else() -> None:
     assert trial.user_attrs["failure"] == "invalid_config"
     assert classify_boot(trial.user_attrs["log_tail"], 1, False) == "invalid_config"
     harder = Config("vllm", {**trial.user_attrs["config"], "num_speculative_tokens": 5})
-    assert rejected_like(harder, [trial]) is trial
+    assert rejected_like(harder, [trial], VLLM) is trial
     easier = Config("vllm", {**trial.user_attrs["config"], "chunk_size": 2048})
-    assert rejected_like(easier, [trial]) is None
-    assert rejected_like(Config("sglang", dict(harder.params)), [trial]) is None
+    assert rejected_like(easier, [trial], VLLM) is None
+    assert rejected_like(Config("sglang", dict(harder.params)), [trial], SglangAdapter()) is None
     served = _gpu_trial(9)  # a served trial is never evidence
-    assert rejected_like(Config("vllm", {**served.user_attrs["config"]}), [served]) is None
+    assert rejected_like(Config("vllm", {**served.user_attrs["config"]}), [served], VLLM) is None
+
+
+def test_block4s_rejections_would_have_been_told_from_the_first() -> None:
+    """H200 block 4: vLLM 0.26 rejected trial 1 (chunk 1024, draft-2l, K = 2), then booted trials 5-7
+    (chunk 512 or 1024, K = 1 or 3, either draft) only to be refused alike; the spec configs at chunk
+    2048 served."""
+    trials = optuna.load_study(study_name="rag-h200-capacity-4", storage=f"sqlite:///{BLOCK4}").trials
+    first = trials[1]
+    assert first.user_attrs["failure"] == "invalid_config"
+    for t in trials[2:]:
+        config = Config("vllm", dict(t.user_attrs["config"]))
+        told = rejected_like(config, [first], VLLM)
+        assert (told is first) is (t.user_attrs["failure"] == "invalid_config"), t.number
+    assert {t.number for t in trials if t.user_attrs["failure"] == "invalid_config"} == {1, 5, 6, 7}
 
 
 class RejectingEngine(ScriptedEngine):
