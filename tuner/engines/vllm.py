@@ -53,7 +53,8 @@ class VllmAdapter(EngineAdapter):
     ttft_histogram = "vllm:time_to_first_token_seconds"
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
-    draft_slots_signature = r"max_num_scheduled_tokens is set to -?\d+ based on the speculative decoding settings"
+    # the refusal's count is 0; the same words with a positive count are only a warning on a server that boots
+    draft_slots_signature = r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         # "To serve at least one request with the model's max seq len": vLLM refuses to start below it

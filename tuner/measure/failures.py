@@ -24,13 +24,15 @@ from __future__ import annotations
 import re
 import signal
 
+from tuner.engines.vllm import VllmAdapter
+
 OOM_CLASSES = frozenset({"oom_boot", "kv_insufficient", "oom_load"})
 
 # (regex, class) pairs, most specific first. Matched against the log text of one phase.
 SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"unrecognized arguments|invalid choice|ambiguous option|^usage: ", "invalid_config"),
     # vLLM 0.26's config validation on an H200: chunk 512 leaves no room for K=4 draft tokens
-    (r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings", "invalid_config"),
+    (VllmAdapter.draft_slots_signature, "invalid_config"),
     (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
     (r"No available memory for the cache blocks", "kv_insufficient"),
     (r"Loaded weights leave no GPU memory for the KV cache", "kv_insufficient"),  # SGLang 0.5.17

@@ -72,6 +72,18 @@ def test_the_h200_rejection_is_generalised_and_nothing_else() -> None:
     assert rejected_like(Config("vllm", {**served.user_attrs["config"]}), [served], VLLM) is None
 
 
+def test_a_rejection_for_another_cause_is_not_generalised_by_the_draft_slot_warning() -> None:
+    """vLLM warns with the same words and a positive count on a server that boots; only the refusal's 0 counts."""
+    warned = optuna.trial.create_trial(value=0.0, user_attrs={
+        "failure": "invalid_config", "engine": "vllm", "config": REJECTED,
+        "log_tail": "WARNING max_num_scheduled_tokens is set to 1024 based on the speculative decoding settings. "
+                    "This may lead to suboptimal performance.\nerror: unrecognized arguments: --bogus"})  # fmt: skip
+    assert rejected_like(Config("vllm", dict(REJECTED)), [warned], VLLM) is None
+    refused = optuna.trial.create_trial(value=0.0, user_attrs={**warned.user_attrs, "log_tail": (
+        "ValueError: max_num_scheduled_tokens is set to 0 based on the speculative decoding settings")})  # fmt: skip
+    assert rejected_like(Config("vllm", dict(REJECTED)), [refused], VLLM) is refused
+
+
 def test_block4s_rejections_would_have_been_told_from_the_first() -> None:
     """H200 block 4: vLLM 0.26 rejected trial 1 (chunk 1024, draft-2l, K = 2), then booted trials 5-7
     (chunk 512 or 1024, K = 1 or 3, either draft) only to be refused alike; the spec configs at chunk
