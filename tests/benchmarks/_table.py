@@ -182,7 +182,11 @@ def ladder_capacity(rungs: dict[int, Measured], plan: CapacityPlan, tier: str) -
     steps = [
         replace(s, passed=False) if m.aborted else s
         for m in rungs.values()
-        if (s := summarize_step(m.rate_req_s, m.rows, plan.tiers[tier], plan.target, m.duration_s, itl_ms=m.itl_ms))
+        if (
+            s := summarize_step(
+                m.rate_req_s, m.rows, plan.tiers[tier], plan.target, m.duration_s, itl_ms=m.itl_ms, z=plan.z
+            )
+        )
     ]
     fails = [s.rate_req_s for s in steps if not s.passed]
     ceiling = min(fails, default=math.inf)

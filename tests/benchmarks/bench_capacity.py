@@ -37,6 +37,7 @@ from tuner.engines.base import Config
 from tuner.measure.capacity import summarize_step
 from tuner.measure.process import ServerProcess, free_port
 from tuner.measure.rate_steps import CapacityPlan, Measured, measure_step, search_capacity
+from tuner.measure.supply import RequestSupply
 from tuner.measure.trial import reset_prefix_cache
 from tuner.progress import Progress
 from tuner.search.options import SearchOptions
@@ -78,11 +79,11 @@ class Setup:
 
 
 def _measure(setup: Setup, server: ServerProcess, client: httpx.Client, log: list[Measured]) -> Any:
+    supply = RequestSupply.of(setup.workload)  # one search's requests, each sent once
+
     def measure(rate: float) -> Measured:
         reset_prefix_cache(client, server.base_url, setup.adapter)
-        m = measure_step(
-            server.base_url, server.spec.served_model, setup.workload.requests, rate, setup.plan, setup.adapter
-        )
+        m = measure_step(server.base_url, server.spec.served_model, supply, rate, setup.plan, setup.adapter)
         log.append(m)
         return m
 

@@ -35,6 +35,7 @@ from tuner.errors import EngineLaunchError
 from tuner.measure.capacity import summarize_step
 from tuner.measure.process import ServerProcess, free_port, tail
 from tuner.measure.rate_steps import CapacityPlan, Measured, measure_step
+from tuner.measure.supply import RequestSupply
 from tuner.measure.trial import TrialContext, TrialResult, healthy, reset_prefix_cache, warm_up
 from tuner.progress import Progress
 from tuner.search.grid import grid_points, shuffled
@@ -80,10 +81,11 @@ def serve_ladder(number: int, config: Config, ctx: TrialContext, plan: CapacityP
         with httpx.Client(timeout=10.0) as client:
             warm_up(number, server, client, ctx, result)
             started = time.monotonic()
+            supply = RequestSupply.of(ctx.workload)
 
             def serve(rung: int) -> Measured:
                 reset_prefix_cache(client, server.base_url, adapter)
-                m = measure_step(server.base_url, server.spec.served_model, ctx.workload.requests,
+                m = measure_step(server.base_url, server.spec.served_model, supply,
                                  ladder_rate(plan, rung), plan, adapter)  # fmt: skip
                 rungs[rung] = m
                 verdict = "/".join("pass" if _passes(m, plan, t) else "fail" for t in plan.tiers)

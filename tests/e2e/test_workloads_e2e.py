@@ -124,8 +124,10 @@ def test_tuner_drive_measures_a_running_server_like_a_trial(server: Served, meas
 
 def test_tuner_drive_finds_the_capacity_of_a_running_server(server: Served, measured: dict[str, Measured]) -> None:
     """`tuner drive --capacity`: the trials' capacity search on the real vLLM CPU build, both tiers."""
+    # --confidence 0.6: steps decide sooner than at the CPU default, so the test stays short; what is
+    # checked is how steps are decided and recorded, not how precisely
     done = tuner("drive", "--url", server.base_url, "--workload", "rag", "--requests", "12", "--capacity",
-                 "--tiers-for", "cpu", "--resolution", "0.5", "--json")  # fmt: skip
+                 "--tiers-for", "cpu", "--resolution", "0.5", "--confidence", "0.6", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["engine"] == "vllm" and report["prefix_cache_reset"] is True, "dev mode: each step starts cold"
@@ -141,6 +143,12 @@ def test_tuner_drive_finds_the_capacity_of_a_running_server(server: Served, meas
         for s in steps:
             assert 0.0 <= s["attainment"] <= 1.0 and 0 <= s["n_counted"] <= s["n_requests"] and s["duration_s"] > 0
             assert s["server"].get("prefix_cache_hit_rate") is not None, "the server's counters, per step"
+            # decided by its interval, over a window of send times inside the step, from distinct requests
+            assert s["decision"] in ("pass", "fail", "undecided") and (s["decision"] == "pass") >= s["passed"]
+            assert s["attainment_low"] <= s["attainment"] <= s["attainment_high"]
+            assert 0.0 < s["window_s"][0] <= s["window_s"][1] <= s["duration_s"] and s["replayed"] == 0
+        low, high = found["bracket_req_s"]
+        assert low == found["capacity_req_s"] and (high is None or high > low)
         assert "attainment" in done.stderr and f"{tier}: " in done.stderr, "each step says its rate as it ends"
     # a rate both searches asked for was measured once and judged twice: looser bounds pass at least as much
     relaxed = {s["rate_req_s"]: s for s in tiers["relaxed"]["steps"]}

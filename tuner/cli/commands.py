@@ -23,6 +23,7 @@ from tuner.search.preview import preview
 from tuner.search.resolve import parse_slo_flags
 from tuner.search.run import SearchOptions, run_search
 from tuner.search.worker import fill_from_study
+from tuner.study.attrs import capacity_uncertainty
 from tuner.study.storage import given_url, load_existing, open_storage, redacted, storage_url
 from tuner.workloads import source
 from tuner.workloads.arrivals import check_flags
@@ -63,7 +64,7 @@ def _search_options(args: argparse.Namespace, **extra: Any) -> SearchOptions:
         args, args.workload, study=args.study, storage=args.storage, trials=args.trials,
         finalists=args.finalists, repeats=args.repeats, timeout_s=args.timeout, drafts=args.drafts,
         engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
-        tier=args.tier, attainment=args.attainment, resolution=args.resolution,
+        tier=args.tier, attainment=args.attainment, resolution=args.resolution, confidence=args.confidence,
         prune=args.prune, stress=args.stress, gpus=parse_gpus(args.gpus) if args.gpus else None,
         gpus_per_trial=args.gpus_per_trial, **extra,
     )  # fmt: skip
@@ -121,15 +122,17 @@ def drive(args: argparse.Namespace) -> int:
 def _drive_capacity(args: argparse.Namespace) -> int:
     objective = "capacity" if args.tier else "capacity-pareto"
     opts = _options(args, args.workload, objective=objective, tier=args.tier or "interactive",
-                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10)  # fmt: skip
+                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10,
+                    confidence=args.confidence)  # fmt: skip
     report = drive_capacity(opts, args.url, args.tiers_for, Progress())
     if args.json:
         print(json.dumps(report, allow_nan=False))
     else:
         for tier, found in report["capacity"]["tiers"].items():
             slo = ", ".join(f"{k} <= {v:g}" for k, v in found["slo"].items())
+            known = capacity_uncertainty(found)
             print(f"{tier}: {found['capacity_req_s']:.3g} req/s with {found['target']:.0%} of requests within {slo} "
-                  f"({found['stop_reason']}, {len(found['steps'])} steps)")  # fmt: skip
+                  f"({found['stop_reason']}, {len(found['steps'])} steps{', ' + known if known else ''})")  # fmt: skip
     return 0
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tuner.errors import ConfigError
+from tuner.search.resolve import CPU_STEPS, GPU_STEPS
 from tuner.search.samplers import SAMPLERS
 from tuner.workloads.arrivals import MIN_BURSTINESS
 
@@ -49,6 +50,14 @@ def _attainment(value: str) -> float:
     share = _number(value)
     if not 0 < share <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return share
+
+
+def _confidence(value: str) -> float:
+    """A probability strictly between 0 and 1."""
+    share = _number(value)
+    if not 0 < share < 1:
+        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {value}")
     return share
 
 
@@ -170,6 +179,12 @@ def _capacity_flags(s: argparse.ArgumentParser, worker: bool = False) -> None:
     s.add_argument(
         "--resolution", type=_above_zero, default=None if worker else 0.10,
         help="relative precision of the capacity search (default 0.1: within 10 %%)",
+    )  # fmt: skip
+    s.add_argument(
+        "--confidence", type=_confidence, default=None,
+        help="how sure a capacity step's pass or fail must be before the step stops (default: the device's, "
+        f"{GPU_STEPS['confidence']:g} on a GPU, {CPU_STEPS['confidence']:g} on the CPU build; lower is faster "
+        "and noisier)",
     )  # fmt: skip
 
 

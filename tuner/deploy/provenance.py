@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuner.study.attrs import capacity_uncertainty
 from tuner.study.verdict import TOO_FEW_RUNS
 
 __all__ = ["provenance"]
@@ -40,11 +41,13 @@ def _capacity_lines(m: dict[str, Any]) -> list[str]:
     lines = []
     for tier, c in ((m.get("capacity") or {}).get("tiers") or {}).items():
         slo = ", ".join(f"{k} <= {v:g}" for k, v in (c.get("slo") or {}).items())
-        target = c.get("attainment_target")
+        target = c.get("attainment_target", c.get("target"))
         share = f"{target:.0%}" if isinstance(target, int | float) else "?"
         value = c.get("capacity_req_s")
         rate = f"{value:.3g} req/s" if isinstance(value, int | float) else "unknown"
-        lines.append(f"# capacity ({_oneline(tier)} tier): {rate} with {share} of requests within {_oneline(slo)}")
+        known = capacity_uncertainty(c)
+        lines.append(f"# capacity ({_oneline(tier)} tier): {rate} with {share} of requests within {_oneline(slo)}"
+                     + (f" ({_oneline(known)})" if known else ""))  # fmt: skip
     return lines
 
 

@@ -14,7 +14,8 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
 * ``health_path`` answers 200 once the server can serve; ``failure_signatures`` map log text to a
   failure class (see ``tuner.measure.failures``), first match wins. ``image`` is the engine's
   official container image and ``default_port`` the port its server listens on by default (the
-  exports use both), ``ttft_histogram`` its ``/metrics`` TTFT histogram.
+  exports use both), ``ttft_histogram`` its ``/metrics`` TTFT histogram, ``waiting_gauge`` its
+  gauge of requests waiting to be scheduled (a capacity step must not pass while it keeps growing).
 * ``server_stats(before, after)`` turns two ``/metrics`` scrapes into named deltas:
   ``spec_acceptance_rate``, ``spec_mean_accept_len``, ``preemptions``, ``prefix_cache_hit_rate``,
   ``server_ttft_mean_ms`` (None where the engine did not report it).
@@ -125,6 +126,7 @@ class EngineAdapter(abc.ABC):
     reset_busy_status: int | None = None  # what that answers while requests still run: asked again
     needs_gpu: bool = False  # an engine with no CPU build is left out of studies on a machine without a GPU
     ttft_histogram: str = ""
+    waiting_gauge: str | None = None
     failure_signatures: tuple[tuple[str, str], ...] = ()
     default_memory_fraction: float | None = None
     draft_slots_signature: str | None = None

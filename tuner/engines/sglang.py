@@ -43,6 +43,7 @@ class SglangAdapter(EngineAdapter):
     # requests it is running or queueing are gone, such as those of a step the tuner cut short.
     reset_busy_status = 400
     ttft_histogram = "sglang:time_to_first_token_seconds"
+    waiting_gauge = "sglang:num_queue_reqs"
     needs_gpu = True
 
     def launch(

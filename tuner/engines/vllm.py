@@ -51,6 +51,7 @@ class VllmAdapter(EngineAdapter):
     default_port = 8000
     health_path = "/health"
     ttft_histogram = "vllm:time_to_first_token_seconds"
+    waiting_gauge = "vllm:num_requests_waiting"
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
     # the refusal's count is 0; the same words with a positive count are only a warning on a server that boots

@@ -15,13 +15,24 @@ Rules, chosen so the answer is conservative and the search always ends:
   moves it (``SATURATION_RISE`` requests, or three square roots of the mean in flight, whichever is
   more): completions lag arrivals, so the queue never settles. Mid-step it is judged only over at
   least ``MIN_WATCH_S`` after warm-up, since in-flight climbs to its level in a step's first seconds.
-- non-monotone curves: ``capacity_req_s`` is the highest passing rate *below the lowest failing rate*;
-  a pass above a fail does not count, and the bisection bracket is (that pass, the lowest fail).
+- decided, not drawn: a step's attainment is a proportion with an interval (``attainment_interval``).
+  It passes only when the interval's lower end is at or above the target, and fails only when its
+  upper end is below it; otherwise it is *undecided*, and the step goes on serving (up to its limit)
+  until it is decided. A step still undecided at its limit is treated as a fail (the conservative
+  side), and recorded as undecided. The requests of one step are not independent (a burst delays its
+  neighbours), so the interval is widened by the design effect that batch means over consecutive
+  requests show, and its confidence is split over the looks a step may take (Bonferroni).
+- steady state: a step also fails when the server's waiting queue, sampled through the step, keeps
+  growing (``queue_growing``): the rate is not carried, whatever the requests so far say.
+- non-monotone curves: ``capacity_req_s`` is the highest passing rate *below the lowest rate that did
+  not pass*; a pass above a fail does not count, and the bisection bracket is (that pass, the lowest
+  fail), which every capacity records as ``bracket_req_s``.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +53,10 @@ FLOOR_DIVISOR = 8.0  # with no incumbent, halve down to start_rate / 8 before re
 PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at 0.75 * c
 MIN_DECIDED = 20  # fewest decided requests before a mid-step collapse is believed
 SATURATED, COLLAPSED = "saturated", "collapsed"  # why the monitor cut a step
+PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"  # a step's decision
+CONFIDENCE = 0.90  # the chance that a decided step is decided right, over all the looks it takes
+BATCHES = 8  # consecutive-request batches the design effect is estimated from
+MIN_BATCH = 5  # fewest requests a batch holds; with fewer than two such batches no design effect
 
 Row = Mapping[str, Any]
 
@@ -87,6 +102,77 @@ def attainment_of(
     return good / len(ttft_ms)
 
 
+def look_z(looks: int, confidence: float = CONFIDENCE) -> float:
+    """The one-sided normal quantile each look uses, so that all ``looks`` together stay within
+    ``1 - confidence`` of a wrong decision (only one of the two errors is possible at a true rate)."""
+    if looks < 1 or not 0 < confidence < 1:
+        raise ValueError("look_z: need looks >= 1 and 0 < confidence < 1")
+    return statistics.NormalDist().inv_cdf(1.0 - (1.0 - confidence) / looks)
+
+
+def design_effect(outcomes: Sequence[bool]) -> float:
+    """How much the variance of the share of successes exceeds the independent (binomial) one,
+    from batch means over consecutive requests; at least 1, at most a batch's size."""
+    n = len(outcomes)
+    size = max(MIN_BATCH, n // BATCHES)
+    batches = n // size
+    share = sum(outcomes) / n if n else 0.0
+    if batches < 2 or share in (0.0, 1.0):
+        return 1.0
+    means = [sum(outcomes[i * size : (i + 1) * size]) / size for i in range(batches)]
+    effect = size * statistics.variance(means) / (share * (1.0 - share))
+    return min(max(effect, 1.0), float(size))
+
+
+def attainment_interval(outcomes: Sequence[bool], z: float) -> tuple[float, float]:
+    """Wilson score interval of the share of ``outcomes`` that met the SLO, in send order, over the
+    effective number of requests (``design_effect``); (0, 1) when there are none."""
+    n = len(outcomes)
+    if n == 0:
+        return 0.0, 1.0
+    share = sum(outcomes) / n
+    n_eff = n / design_effect(outcomes)
+    z2 = z * z
+    centre = (share + z2 / (2 * n_eff)) / (1 + z2 / n_eff)
+    half = z / (1 + z2 / n_eff) * math.sqrt(share * (1 - share) / n_eff + z2 / (4 * n_eff * n_eff))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def decide(low: float, high: float, target: float) -> str:
+    """``PASS`` when the whole interval is at or above the target, ``FAIL`` when it is below."""
+    if low >= target:
+        return PASS
+    return FAIL if high < target else UNDECIDED
+
+
+def resolved_until(rows: Sequence[Row], slo: Mapping[str, float], start_s: float, now_s: float) -> float:
+    """The latest send time c such that every request sent in [start_s, c] has an outcome under ``slo``
+    now: done, failed, or already past an e2e bound. Counting only those keeps a mid-step look
+    unbiased: the requests still running are the slow ones."""
+    open_sends = [
+        float(row["sent_s"]) for row in rows if float(row["sent_s"]) >= start_s and not _known(row, slo, now_s)
+    ]
+    sent = [float(row["sent_s"]) for row in rows if start_s <= float(row["sent_s"]) <= now_s]
+    if not open_sends:
+        return max(sent, default=start_s)
+    first_open = min(open_sends)
+    return max((t for t in sent if t < first_open), default=start_s)
+
+
+def _known(row: Row, slo: Mapping[str, float], now_s: float) -> bool:
+    # A running request's first token is not seen until it ends, so only an e2e bound already
+    # passed makes its outcome known early.
+    if row.get("error") is not None or row.get("done_s") is not None:
+        return True
+    return (now_s - float(row["sent_s"])) * 1e3 > slo.get("e2e_p95_ms", math.inf)
+
+
+def outcomes_in(rows: Iterable[Row], slo: Mapping[str, float], start_s: float, end_s: float) -> list[bool]:
+    """Whether each request sent in [start_s, end_s] met ``slo``, in send order (unfinished: a miss)."""
+    window = sorted((row for row in rows if start_s <= float(row["sent_s"]) <= end_s), key=lambda r: float(r["sent_s"]))
+    return [(t := request_ms(row)) is not None and meets_slo(*t, slo) for row in window]
+
+
 def steady_rows(rows: Iterable[Row], duration_s: float, trim: float = STEADY_TRIM) -> list[Row]:
     """Requests sent inside [trim * duration, (1 - trim) * duration]: the ones attainment counts."""
     start, end = trim * duration_s, (1.0 - trim) * duration_s
@@ -117,9 +203,25 @@ def saturated(
     ends = np.array([_end_s(row) for row in rows])
     times = np.linspace(start_s, end_s, SATURATION_SAMPLES)
     in_flight = ((sent[None, :] <= times[:, None]) & (ends[None, :] > times[:, None])).sum(axis=1)
-    slope = float(np.polyfit(times, in_flight.astype(float), 1)[0])
     arrival_rate = float(((sent >= start_s) & (sent <= end_s)).sum()) / span
-    rise_needed = max(min_rise, SATURATION_SIGMAS * math.sqrt(max(float(in_flight.mean()), 1.0)))
+    return growing(times, in_flight.astype(float), arrival_rate, share=share, min_rise=min_rise)
+
+
+def growing(
+    times: Sequence[float] | np.ndarray, counts: Sequence[float] | np.ndarray, arrival_rate: float, *,
+    share: float = SATURATION_SHARE, min_rise: float = SATURATION_RISE,
+) -> bool:  # fmt: skip
+    """Whether a count of requests (in flight, or waiting in the server's queue) sampled at ``times``
+    keeps rising: a least-squares slope above ``share`` of the arrival rate, and a rise over the span
+    beyond what Poisson noise gives it."""
+    if len(times) < 3:
+        return False
+    t, y = np.asarray(times, dtype=float), np.asarray(counts, dtype=float)
+    span = float(t[-1] - t[0])
+    if span <= 0:
+        return False
+    slope = float(np.polyfit(t, y, 1)[0])
+    rise_needed = max(min_rise, SATURATION_SIGMAS * math.sqrt(max(float(y.mean()), 1.0)))
     return slope * span >= rise_needed and slope > share * arrival_rate
 
 
@@ -194,6 +296,12 @@ class Step:
     server: dict[str, float | None] = field(default_factory=dict)
     cut_s: float | None = None  # the monitor stopped the step this many seconds in (it then never passes)
     cut_reason: str | None = None  # and why: SATURATED, or COLLAPSED under every tier
+    attainment_low: float | None = None  # the attainment's interval (``attainment_interval``)
+    attainment_high: float | None = None
+    decision: str | None = None  # PASS, FAIL or UNDECIDED by the interval alone (None: a point judgement)
+    window_s: tuple[float, float] | None = None  # the send times attainment counted, s after the step's start
+    queue_growing: bool = False  # the server's waiting queue kept growing through the step
+    replayed: int = 0  # requests of a finite trace sent again in this search, its order kept
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: non-finite numbers become None (it is stored as a trial user attribute)."""
@@ -218,15 +326,25 @@ def summarize_step(
     itl_ms: Sequence[float] = (),
     server: Mapping[str, float | None] | None = None,
     trim: float = STEADY_TRIM,
+    window_s: tuple[float, float] | None = None,
+    z: float | None = None,
+    queue_growing: bool = False,
 ) -> Step:
-    """Judge one step: attainment over the steady window, percentiles over its successful requests,
-    throughput over all requests and the whole duration."""
+    """Judge one step: attainment over the send times ``window_s`` counts (default: the steady window,
+    ``trim`` of the duration dropped at each end), with its interval and decision (``z``: the quantile
+    of the step's looks, ``CapacityPlan.z``; default one look at ``CONFIDENCE``); percentiles over its successful
+    requests; throughput over all requests and the whole duration. It passes only when decided so,
+    not saturated and its queue was not growing."""
     if duration_s <= 0:
         raise ValueError("summarize_step: duration_s must be positive")
-    counted = steady_rows(rows, duration_s, trim)
+    start, end = window_s if window_s is not None else (trim * duration_s, (1.0 - trim) * duration_s)
+    counted = [row for row in rows if start <= float(row["sent_s"]) <= end]
+    outcomes = outcomes_in(counted, slo, start, end)
     judged = [(t, int(row.get("output_tokens") or 0)) for row in counted if (t := request_ms(row)) is not None]
     times = [t for t, _ in judged]
-    attainment = sum(meets_slo(*t, slo) for t in times) / len(counted) if counted else 0.0
+    attainment = sum(outcomes) / len(outcomes) if outcomes else 0.0
+    low, high = attainment_interval(outcomes, look_z(1) if z is None else z)
+    decision = decide(low, high, target)
     is_saturated = saturated(rows, trim * duration_s, (1.0 - trim) * duration_s)
     ok = [row for row in rows if request_ms(row) is not None]
     # TPOT is undefined for one-token answers: their 0.0 judges them but would drag percentiles down.
@@ -236,7 +354,7 @@ def summarize_step(
     return Step(
         rate_req_s=rate_req_s,
         attainment=attainment,
-        passed=attainment >= target and not is_saturated,
+        passed=decision == PASS and not is_saturated and not queue_growing,
         saturated=is_saturated,
         collapsed=collapsed(attainment, target),
         n_requests=len(rows),
@@ -254,6 +372,11 @@ def summarize_step(
         request_throughput_req_s=len(ok) / duration_s,
         output_throughput_tok_s=sum(int(row.get("output_tokens") or 0) for row in ok) / duration_s,
         server=dict(server or {}),
+        attainment_low=low,
+        attainment_high=high,
+        decision=decision,
+        window_s=(round(start, 3), round(end, 3)),
+        queue_growing=queue_growing,
     )
 
 
@@ -268,9 +391,22 @@ class CapacityResult:
     target: float
     resolution: float
 
+    @property
+    def bracket_req_s(self) -> tuple[float, float | None]:
+        """(the capacity, the lowest rate above it that did not pass; None if none did not)."""
+        above = [s.rate_req_s for s in self.steps if not s.passed and s.rate_req_s > self.capacity_req_s]
+        return self.capacity_req_s, min(above, default=None)
+
+    def at_capacity(self) -> Step | None:
+        """The step the capacity was decided at (None when nothing passed)."""
+        return next((s for s in self.steps if s.passed and s.rate_req_s == self.capacity_req_s), None)
+
     def as_dict(self) -> dict[str, Any]:
+        at = self.at_capacity()
         return {
             "capacity_req_s": self.capacity_req_s,
+            "bracket_req_s": list(self.bracket_req_s),
+            "attainment_interval": None if at is None else [at.attainment_low, at.attainment_high],
             "stop_reason": self.stop_reason,
             "pruned": self.pruned,
             "target": self.target,

@@ -1,18 +1,25 @@
 """Capacity on a running server: serve steps of open-loop load and search each SLO tier over them.
 
-A step sends the workload's requests at one rate, released as seeded Poisson arrivals (or gamma
-gaps of the preset's burstiness), for at least ``min_step_s`` and ``min_requests``; the pool is
-cycled, each pass with fresh request and session ids. Before every step the prefix cache is reset,
-so each rate starts equally cold and a later step never rides on an earlier one's cache. A monitor
-stops a step as soon as the server is saturated or attainment has collapsed under every tier, and
-a step's drain is bounded: requests still running then are misses. Steps are measured once per
-rate and judged under every tier's SLO (``tuner.measure.capacity``), so the tiers share them.
+A step sends requests at one rate, released as seeded Poisson arrivals (or gamma gaps of the
+preset's burstiness). Every request of a search is distinct: a step takes its requests from the
+search's ``RequestSupply`` (``tuner.measure.supply``), which never hands one out twice. Before every
+step the prefix cache is reset, so each rate starts equally cold.
+
+A step serves at least ``min_step_s`` and ``min_requests``; then it *looks* (``step_limit`` looks,
+one per minimum's length): it stops as soon as every scored tier's attainment interval lies on one
+side of the target, and otherwise goes on, up to ``step_limit`` times its minimum, after which an
+undecided tier stays undecided (not a pass). A look counts only requests sent since the ramp-up
+whose outcome is known by then, in send order, so the slow requests still running cannot be left
+out. A monitor also stops a step as soon as the server is saturated or attainment has collapsed
+under every tier, and a step's drain is bounded: requests still running then are misses. The
+server's waiting queue is sampled through the step, and a queue that keeps growing is no pass.
+Steps are measured once per rate and judged under every tier's SLO (``tuner.measure.capacity``),
+so the tiers share them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,8 +32,26 @@ from tuner.client.driver import drive
 from tuner.client.sse import RequestRecord
 from tuner.client.transport import StreamTransport
 from tuner.engines.base import EngineAdapter
-from tuner.measure.capacity import SATURATED, CapacityResult, CapacitySearch, Row, cut_reason, summarize_step
+from tuner.engines.prometheus import metric_total
+from tuner.measure.capacity import (
+    PASS,
+    SATURATED,
+    STEADY_TRIM,
+    UNDECIDED,
+    CapacityResult,
+    CapacitySearch,
+    Row,
+    attainment_interval,
+    cut_reason,
+    decide,
+    growing,
+    look_z,
+    outcomes_in,
+    resolved_until,
+    summarize_step,
+)
 from tuner.measure.metrics import itl_ms, request_row, scrape_metrics
+from tuner.measure.supply import RequestSupply
 from tuner.workloads.arrivals import Arrival, release_times
 from tuner.workloads.base import Request
 
@@ -34,6 +59,8 @@ MONITOR_EVERY_S = 0.25
 DRAIN_SHARE = 0.5  # a step may run this share of its schedule past the last release, then leftovers are misses
 MIN_DRAIN_S = 5.0
 REQUEST_TIMEOUT_S = 120.0
+QUEUE_EVERY_S = 1.0  # how often the server's waiting queue is sampled through a step
+DECIDED = "decided"  # a look decided every scored tier: the step ends there
 
 
 @dataclass(frozen=True)
@@ -52,6 +79,17 @@ class CapacityPlan:
     min_requests: int = 40
     burstiness: float = 1.0
     seed: int = 0
+    step_limit: int = 3  # an undecided step goes on up to this many times its minimum, looking once per minimum
+    confidence: float = 0.90  # the chance a decided step is decided right, over all its looks
+
+    @property
+    def z(self) -> float:
+        """The one-sided quantile each look's interval uses (``tuner.measure.capacity.look_z``)."""
+        return look_z(self.step_limit, self.confidence)
+
+    def look_s(self, rate: float) -> float:
+        """How long a step at ``rate`` serves before its first look, and between looks."""
+        return max(self.min_step_s, self.min_requests / rate)
 
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
         return CapacitySearch(
@@ -71,6 +109,10 @@ class Measured:
     server: dict[str, float | None] = field(default_factory=dict)
     aborted: bool = False
     cut_reason: str | None = None  # why the monitor cut it (tuner.measure.capacity.cut_reason)
+    window_s: tuple[float, float] | None = None  # the send times attainment counts (None: the steady window)
+    looks: int = 0  # looks taken; fewer than the plan's limit when a look decided every scored tier
+    queue_growing: bool = False  # the server's waiting queue kept growing over the window
+    replayed: int = 0  # requests of a finite trace sent again (its order kept)
 
 
 @dataclass
@@ -90,33 +132,16 @@ class CapacityOutcome:
         }
 
 
-def step_requests(pool: Sequence[Request], rate: float, plan: CapacityPlan) -> list[Request]:
-    """The step's requests: the pool cycled to its length, units released at ``rate``."""
-    n = max(plan.min_requests, math.ceil(rate * plan.min_step_s))
-    units: list[list[Request]] = []
-    for request in pool:
-        if units and request.session_id is not None and units[-1][0].session_id == request.session_id:
-            units[-1].append(request)
-        else:
-            units.append([request])
-    chosen: list[list[Request]] = []
-    for cycle, unit in zip(itertools.count(), itertools.cycle(units)):
-        if sum(len(u) for u in chosen) >= n:
-            break
-        lap = cycle // len(units)
-        chosen.append([_renamed(r, lap) for r in unit])
-    times = release_times(len(chosen), Arrival(rate=rate, burstiness=plan.burstiness), plan.seed)
+def step_requests(supply: RequestSupply, rate: float, plan: CapacityPlan) -> tuple[list[Request], int]:
+    """The step's requests, enough for ``step_limit`` looks at ``rate``: distinct units from the
+    supply, released at ``rate``; and how many are replays of a finite pool."""
+    n = math.ceil(rate * plan.look_s(rate) * plan.step_limit)
+    units, replayed = supply.take(n)
+    times = release_times(len(units), Arrival(rate=rate, burstiness=plan.burstiness), plan.seed)
     out: list[Request] = []
-    for unit, at in zip(chosen, times, strict=True):
+    for unit, at in zip(units, times, strict=True):
         out += [replace(r, arrival_s=at if i == 0 else None) for i, r in enumerate(unit)]
-    return out
-
-
-def _renamed(request: Request, lap: int) -> Request:
-    if lap == 0:
-        return request
-    session = None if request.session_id is None else f"{request.session_id}~{lap}"
-    return replace(request, request_id=f"{request.request_id}~{lap}", session_id=session)
+    return out, replayed
 
 
 def _rows(records: Sequence[RequestRecord], requests: Sequence[Request], started_s: float, now_s: float) -> list[Row]:
@@ -136,8 +161,10 @@ async def _serve_step(
     requests: Sequence[Request],
     deadline_s: float,
     stop: Callable[[list[Row], float], str | None],
+    queue: Callable[[float], None] | None = None,
 ) -> tuple[list[RequestRecord], float, float, str | None]:
-    """Drive ``requests`` open loop; cancel at ``deadline_s``, or when ``stop`` gives a reason (returned)."""
+    """Drive ``requests`` open loop; cancel at ``deadline_s``, or when ``stop`` gives a reason (returned).
+    ``queue(now)`` is called about every ``QUEUE_EVERY_S`` to sample the server's waiting queue."""
     records: list[RequestRecord] = []
     transport = StreamTransport(max_connections=len(requests))
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as client:
@@ -147,9 +174,13 @@ async def _serve_step(
         )
         reason: str | None = None
         cut = False
+        sampled = -math.inf
         while not task.done():
             await asyncio.sleep(MONITOR_EVERY_S)
             now = time.perf_counter() - started
+            if queue is not None and now - sampled >= QUEUE_EVERY_S:
+                sampled = now
+                await asyncio.to_thread(queue, now)
             reason = None if now > deadline_s else stop(_rows(records, requests, started, now), now)
             if now > deadline_s or reason is not None:
                 cut = True
@@ -166,31 +197,86 @@ async def _serve_step(
     return records, started, time.perf_counter(), reason
 
 
+class _Looks:
+    """A step's looks: at each multiple of the plan's look time, whether every scored tier is decided
+    over the requests whose outcome is known by then (``tuner.measure.capacity.resolved_until``)."""
+
+    def __init__(self, plan: CapacityPlan, rate: float, queue: list[tuple[float, float]]) -> None:
+        self.plan, self.rate, self.queue = plan, rate, queue
+        self.look_s = plan.look_s(rate)
+        self.warmup_s = STEADY_TRIM * self.look_s
+        self.taken = 0
+        self.window_s: tuple[float, float] | None = None
+
+    def __call__(self, rows: list[Row], now: float) -> str | None:
+        # the last look is the step's end, after its drain: one fewer is taken while it serves
+        if self.taken + 1 >= self.plan.step_limit or now < (self.taken + 1) * self.look_s:
+            return None
+        self.taken += 1
+        scored = [self.plan.tiers[tier] for tier in self.plan.scored]
+        end = min(resolved_until(rows, slo, self.warmup_s, now) for slo in scored)
+        decisions = [self._decision(rows, slo, end) for slo in scored]
+        if UNDECIDED in decisions or (PASS in decisions and self.queue_growing(end)):
+            return None
+        self.window_s = (self.warmup_s, end)
+        return DECIDED
+
+    def _decision(self, rows: list[Row], slo: Mapping[str, float], end: float) -> str:
+        low, high = attainment_interval(outcomes_in(rows, slo, self.warmup_s, end), self.plan.z)
+        return decide(low, high, self.plan.target)
+
+    def queue_growing(self, end: float) -> bool:
+        """Whether the server's waiting queue kept growing over [warm-up, ``end``]."""
+        kept = [(t, n) for t, n in self.queue if self.warmup_s <= t <= end]
+        return growing([t for t, _ in kept], [n for _, n in kept], self.rate)
+
+
 def measure_step(
-    base_url: str, model: str, pool: Sequence[Request], rate: float, plan: CapacityPlan,
+    base_url: str, model: str, supply: RequestSupply, rate: float, plan: CapacityPlan,
     adapter: EngineAdapter | None,
 ) -> Measured:  # fmt: skip
-    """One step at ``rate`` on a server that is up, its prefix cache reset by the caller."""
-    requests = step_requests(pool, rate, plan)
+    """One step at ``rate`` on a server that is up, its prefix cache reset by the caller: it serves
+    until a look decides it, or up to its limit (see the module docstring)."""
+    requests, replayed = step_requests(supply, rate, plan)
     schedule_s = max((r.arrival_s or 0.0) for r in requests)
-    warmup_s = schedule_s * 0.1
+    queue: list[tuple[float, float]] = []
+    looks = _Looks(plan, rate, queue)
+    gauge = adapter.waiting_gauge if adapter is not None else None
 
     def stop(rows: list[Row], now: float) -> str | None:
-        reasons = [cut_reason(rows, slo, plan.target, now, warmup_s) for slo in plan.tiers.values()]
-        if None in reasons:
-            return None  # some tier could still pass this step
-        return SATURATED if SATURATED in reasons else reasons[0]
+        reasons = [cut_reason(rows, slo, plan.target, now, looks.warmup_s) for slo in plan.tiers.values()]
+        if None not in reasons:
+            return SATURATED if SATURATED in reasons else reasons[0]
+        return looks(rows, now)  # some tier could still pass this step
 
     with httpx.Client(timeout=10.0) as client:
+
+        def sample(now: float) -> None:
+            samples = scrape_metrics(client, base_url)
+            if gauge is not None and gauge in {key.partition("{")[0] for key in samples}:
+                queue.append((now, metric_total(samples, gauge)))
+
         before = scrape_metrics(client, base_url)
-        deadline = schedule_s + max(MIN_DRAIN_S, DRAIN_SHARE * schedule_s)
-        records, started, ended, reason = asyncio.run(_serve_step(base_url, model, requests, deadline, stop))
+        deadline = schedule_s + max(MIN_DRAIN_S, DRAIN_SHARE * looks.look_s)
+        records, started, ended, reason = asyncio.run(
+            _serve_step(base_url, model, requests, deadline, stop, sample if gauge else None)
+        )
         after = scrape_metrics(client, base_url)
     duration = ended - started
+    unreleased = sum(1 for r in requests if r.arrival_s is not None and r.arrival_s > duration)
+    supply.give_back(unreleased)
     rows = [dict(r) for r in _rows(records, requests, started, duration)]
     gaps = [gap for r in records if r.error is None for gap in itl_ms(r)]
     server = adapter.server_stats(before, after) if adapter is not None and before and after else {}
-    return Measured(rate, rows, gaps, duration, server, reason is not None, reason)
+    decided = reason == DECIDED
+    # served to its end: the requests released in its last ramp-up's length see the load thin out
+    full = (looks.warmup_s, max(schedule_s - looks.warmup_s, looks.warmup_s))
+    window = looks.window_s if decided and looks.window_s is not None else full
+    return Measured(
+        rate, rows, gaps, duration, server, aborted=reason is not None and not decided,
+        cut_reason=None if decided else reason, window_s=window, looks=looks.taken + (not decided),
+        queue_growing=looks.queue_growing(window[1]), replayed=replayed,
+    )  # fmt: skip
 
 
 def search_capacity(
@@ -216,7 +302,11 @@ def search_capacity(
             if fresh:
                 by_rate[key] = measure(rate)
             m = by_rate[key]
-            step = summarize_step(rate, m.rows, slo, plan.target, m.duration_s, itl_ms=m.itl_ms, server=m.server)
+            step = summarize_step(
+                rate, m.rows, slo, plan.target, m.duration_s, itl_ms=m.itl_ms, server=m.server,
+                window_s=m.window_s, z=plan.z, queue_growing=m.queue_growing,
+            )  # fmt: skip
+            step = replace(step, replayed=m.replayed)
             if m.aborted:
                 # The monitor cut it: saturated (requests in flight kept growing, so no SLO holds
                 # for long at this rate), or collapsed under every tier. Never a pass, and the
@@ -226,6 +316,16 @@ def search_capacity(
             if said is not None:
                 why = f": {step.cut_reason}" if step.cut_reason else ""
                 cut = f" (cut at {step.cut_s:.0f} s{why})" if step.cut_s is not None else ""
-                said(tier, m, f"{step.attainment:.0%} {'pass' if step.passed else 'fail'}{cut}")
+                interval = (
+                    f" [{step.attainment_low:.0%}, {step.attainment_high:.0%}]"
+                    if step.attainment_low is not None
+                    else ""
+                )
+                verdict = "pass" if step.passed else (step.decision if step.decision == UNDECIDED else "fail")
+                extra = "".join((
+                    ", queue growing" if step.queue_growing else "",
+                    f", {step.replayed} replayed" if step.replayed else "",
+                ))  # fmt: skip
+                said(tier, m, f"{step.attainment:.0%}{interval} {verdict}{cut}{extra}")
         results[tier] = search.result()
     return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started)

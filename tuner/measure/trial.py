@@ -28,6 +28,7 @@ from tuner.measure.metrics import request_log, scrape_metrics, summarize
 from tuner.measure.process import ServerProcess, free_port, tail
 from tuner.measure.rate_steps import CapacityOutcome, CapacityPlan, Measured, measure_step, search_capacity
 from tuner.measure.stress import VERSION, peak_concurrency, stress_requests
+from tuner.measure.supply import RequestSupply
 from tuner.measure.telemetry import MemorySampler
 from tuner.progress import Progress
 from tuner.workloads.base import Workload
@@ -186,10 +187,11 @@ def serve_capacity(
     with httpx.Client(timeout=10.0) as client:
         warm_up(number, server, client, ctx, result)
         cache_reset = [reset_prefix_cache(client, server.base_url, adapter)]
+        supply = RequestSupply.of(workload)
 
         def measure(rate: float) -> Measured:
             cache_reset.append(reset_prefix_cache(client, server.base_url, adapter))
-            return measure_step(server.base_url, spec.served_model, workload.requests, rate, plan, adapter)
+            return measure_step(server.base_url, spec.served_model, supply, rate, plan, adapter)
 
         def said(tier: str, step: Measured, verdict: str) -> None:
             what = f"{tier}: {step.rate_req_s:.3g} req/s, {len(step.rows)} requests in {step.duration_s:.0f} s"

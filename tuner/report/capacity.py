@@ -19,7 +19,7 @@ import optuna
 
 from tuner.report.describe import engine_of, number, params_list, params_text, trial_name
 from tuner.report.plots import Curve, RateStep, capacity_figure
-from tuner.study.attrs import is_default, study_attrs_of, trial_attrs
+from tuner.study.attrs import capacity_uncertainty, is_default, study_attrs_of, trial_attrs
 
 Trial = optuna.trial.FrozenTrial
 CAPACITY_OBJECTIVES = ("capacity", "capacity-pareto")
@@ -85,10 +85,14 @@ def slo_text(tier: Tier) -> str:
 
 
 def capacity_cell(trial: Trial, tier: str) -> str:
-    """The tier's capacity in req/s, ``pruned`` when the search stopped early, ``-`` when unknown."""
+    """The tier's capacity in req/s, ``pruned`` when the search stopped early, ``-`` when unknown; with
+    the bracket it was resolved in (up to the lowest rate that did not pass) where the trial has one."""
     found = tier_capacity(trial, tier)
     pruned = " pruned" if _tier_attrs(trial, tier).get("pruned") else ""
-    return "-" if found is None else number(found) + pruned
+    bracket = _tier_attrs(trial, tier).get("bracket_req_s")
+    high = _float(bracket[1]) if isinstance(bracket, list) and len(bracket) == 2 else None
+    upto = f"<{number(high)}" if high is not None and found else ""
+    return "-" if found is None else number(found) + upto + pruned
 
 
 def curve_trials(study: optuna.Study) -> list[Trial]:
@@ -114,10 +118,13 @@ def _step(row: Mapping[str, Any]) -> RateStep | None:
     rate = _float(row.get("rate_req_s"))
     if rate is None:
         return None
-    verdict = "passed" if row.get("passed") else "failed"
-    notes = [verdict, *(flag for flag in ("saturated", "collapsed") if row.get(flag))]
+    verdict = "passed" if row.get("passed") else "undecided" if row.get("decision") == "undecided" else "failed"
+    notes = [verdict, *(flag for flag in ("saturated", "collapsed", "queue_growing") if row.get(flag))]
+    low, high = _float(row.get("attainment_low")), _float(row.get("attainment_high"))
+    if low is not None and high is not None:
+        notes.append(f"attainment interval [{low:.1%}, {high:.1%}]")
     return RateStep(rate, _float(row.get("attainment")), _float(row.get("ttft_p95_ms")),
-                    _float(row.get("tpot_p95_ms")), bool(row.get("passed")), ", ".join(notes))  # fmt: skip
+                    _float(row.get("tpot_p95_ms")), bool(row.get("passed")), ", ".join(notes), low, high)  # fmt: skip
 
 
 def curve(trial: Trial, tier: str) -> Curve | None:
@@ -138,9 +145,15 @@ def capacity_section(study: optuna.Study) -> str:
                 else "<p>no finalist recorded steps for this tier</p>")  # fmt: skip
         parts.append(f"<h3>Tier {html.escape(tier.name)}</h3><p>SLO: {html.escape(slo_text(tier))}</p>{plot}")
     intro = ("<p>Each finalist beside its engine's default config: SLO attainment, TTFT p95 and TPOT p95 at each "
-             "request rate measured (× marks a failed step, the star the capacity found).</p>")  # fmt: skip
+             "request rate measured (× marks a step that did not pass, the star the capacity found; the bars are "
+             "each step's attainment interval).</p>")  # fmt: skip
     body = intro + "".join(parts) if parts else "<p>no trial recorded a capacity</p>"
     return f'<section id="capacity"><h2>Capacity under the SLO</h2>{body}</section>'
+
+
+def _with_uncertainty(trial: Trial, tier: str) -> str:
+    known = capacity_uncertainty(_tier_attrs(trial, tier))
+    return capacity_cell(trial, tier) + (f" ({known})" if known else "")
 
 
 def capacity_table_section(study: optuna.Study) -> str:
@@ -149,7 +162,7 @@ def capacity_table_section(study: optuna.Study) -> str:
     rows = []
     for t in study.get_trials(deepcopy=False):
         status = trial_attrs(t).get("failure") or t.state.name.lower()
-        cells = "".join(f"<td>{html.escape(capacity_cell(t, n))}</td>" for n in names)
+        cells = "".join(f"<td>{html.escape(_with_uncertainty(t, n))}</td>" for n in names)
         kind = "engine default" if is_default(t) else html.escape(params_text(t))
         rows.append(f"<tr><td>{t.number}</td><td>{html.escape(engine_of(t))}</td>"
                     f"<td>{html.escape(str(status))}</td>{cells}<td>{kind}</td></tr>")  # fmt: skip

@@ -45,7 +45,9 @@ class RateStep:
     ttft_p95_ms: float | None
     tpot_p95_ms: float | None
     passed: bool
-    note: str  # passed/failed, saturated, collapsed
+    note: str  # passed/failed/undecided, saturated, collapsed, the attainment interval
+    attainment_low: float | None = None  # the attainment's interval (an older study's steps have none)
+    attainment_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ def capacity_figure(curves: Sequence[Curve], target: float | None, slo: dict[str
         rates = [s.rate_req_s for s in curve.steps]
         for row, (key, _) in enumerate(ROWS, start=1):
             ys = [getattr(s, key) for s in curve.steps]
-            fig.add_trace(go.Scatter(x=rates, y=ys, showlegend=row == 1, **shared), row=row, col=1)
+            extra = {"error_y": _interval_bars(curve.steps)} if key == "attainment" else {}
+            fig.add_trace(go.Scatter(x=rates, y=ys, showlegend=row == 1, **shared, **extra), row=row, col=1)
         _star_capacity(fig, curve, line["color"])
     _bounds(fig, curves, target, slo)
     fig.update_layout(height=3 * 300, hovermode="closest")
@@ -133,6 +136,15 @@ def capacity_figure(curves: Sequence[Curve], target: float | None, slo: dict[str
     for row, (key, label) in enumerate(ROWS, start=1):
         fig.update_yaxes(title_text=label, row=row, col=1, **_axis(key))
     return _div(fig, div_id)
+
+
+def _interval_bars(steps: Sequence[RateStep]) -> dict[str, Any]:
+    """Each step's attainment interval as asymmetric error bars (none where a step has no interval)."""
+    up = [s.attainment_high - s.attainment if s.attainment_high is not None and s.attainment is not None else 0.0
+          for s in steps]  # fmt: skip
+    down = [s.attainment - s.attainment_low if s.attainment_low is not None and s.attainment is not None else 0.0
+            for s in steps]  # fmt: skip
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "width": 3}
 
 
 def _axis(key: str) -> dict[str, Any]:

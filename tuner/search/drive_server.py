@@ -30,6 +30,7 @@ from tuner.errors import ConfigError, EngineError
 from tuner.measure.goodput import goodput, steady_throughput
 from tuner.measure.metrics import scrape_metrics, summarize
 from tuner.measure.rate_steps import Measured, measure_step, search_capacity
+from tuner.measure.supply import RequestSupply
 from tuner.measure.trial import MAX_ERROR_RATE, identify_server, reset_prefix_cache
 from tuner.progress import Progress
 from tuner.search.options import SearchOptions
@@ -179,10 +180,11 @@ def drive_capacity(opts: SearchOptions, url: str, tiers_for: str, progress: Prog
         adapter = ADAPTERS[owner]() if owner in ADAPTERS else None
         drive_sync(None, url, served.name, workload.warmup, concurrency=workload.concurrency, on_record=watch)
         resets: list[bool] = []
+        supply = RequestSupply.of(workload)  # every step's requests distinct, whatever --requests says
 
         def measure(rate: float) -> Measured:
             resets.append(_reset(client, url, adapter))
-            return measure_step(url, served.name, workload.requests, rate, plan, adapter)
+            return measure_step(url, served.name, supply, rate, plan, adapter)
 
         def said(tier: str, step: Measured, verdict: str) -> None:
             progress.line(f"{tier}: {step.rate_req_s:.3g} req/s, {len(step.rows)} requests in "

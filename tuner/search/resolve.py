@@ -171,6 +171,8 @@ def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> Ca
         check_reachable(name, check_slo(tiers[name]))
     steps = CPU_STEPS if device.kind == "cpu" else GPU_STEPS
     burstiness = opts.burstiness or (workload.arrival.burstiness if workload.arrival.rate is not None else 1.0)
+    if opts.confidence is not None:
+        steps = {**steps, "confidence": opts.confidence}
     return CapacityPlan(
         tiers={name: tiers[name] for name in TIER_NAMES if name in tiers}, scored=tuple(scored),
         target=opts.attainment, resolution=opts.resolution, burstiness=burstiness, seed=opts.seed, **steps,
@@ -183,8 +185,13 @@ def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> Ca
 # it a step waits for its requests to trickle in, and those slow first steps made the first search
 # of an H200 study outlast its boot (reports/gpu-h200/capacity/block3). Lower capacities are still
 # found: a search without an incumbent halves down from its start.
-CPU_STEPS: dict[str, Any] = {"start_rate": 0.5, "min_step_s": 6.0, "min_requests": 10, "max_steps": 8}
-GPU_STEPS: dict[str, Any] = {"start_rate": 40 / 15.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10}
+# A step is decided by its attainment's interval (tuner.measure.capacity), which needs requests: on the
+# CPU build a step's first look comes after enough of them that a clean pass is decided there, at a
+# lower confidence and with fewer looks than on a GPU, since there each request costs seconds.
+CPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 6.0, "min_requests": 24, "max_steps": 8,
+                             "step_limit": 2, "confidence": 0.8}  # fmt: skip
+GPU_STEPS: dict[str, Any] = {"start_rate": 40 / 15.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10,
+                             "step_limit": 3, "confidence": 0.9}  # fmt: skip
 MIN_TTFT_MS = 1.0  # no server answers over HTTP within a millisecond
 
 

@@ -48,6 +48,8 @@ def fill_from_study(args: argparse.Namespace) -> None:
         args.attainment = plan.get("target", 0.9)
     if args.resolution is None:
         args.resolution = plan.get("resolution", 0.10)
+    if args.confidence is None:
+        args.confidence = plan.get("confidence")
     if args.slo is None and plan.get("tiers"):
         args.slo = [f"{tier}:" + ",".join(f"{k}={v:g}" for k, v in slo.items()) for tier, slo in plan["tiers"].items()]
     elif args.slo is None and attrs.get("slo"):

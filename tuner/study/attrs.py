@@ -149,3 +149,24 @@ def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
     for engine in engines:
         if engine not in have:
             study.enqueue_trial({"engine": engine}, user_attrs={"config_kind": DEFAULT_KIND})
+
+
+def capacity_uncertainty(tier: Mapping[str, Any]) -> str:
+    """A tier's capacity record (``CapacityResult.as_dict``) in words: the bracket it was resolved in
+    and the attainment interval at it, e.g. ``in [30.2, 33.1) req/s, attainment 0.95 [0.92, 0.97]``;
+    empty for a record of an older study, which kept neither."""
+    parts = []
+    bracket = tier.get("bracket_req_s")
+    if isinstance(bracket, list | tuple) and len(bracket) == 2 and isinstance(bracket[0], int | float):
+        high = bracket[1]
+        parts.append(
+            f"in [{bracket[0]:.3g}, {high:.3g}) req/s" if isinstance(high, int | float) else "no rate above failed"
+        )
+    interval = tier.get("attainment_interval")
+    steps = tier.get("steps")
+    rows = [r for r in steps if isinstance(r, dict)] if isinstance(steps, list) else []
+    at = next((r for r in rows if r.get("passed") and r.get("rate_req_s") == tier.get("capacity_req_s")), None)
+    if isinstance(interval, list | tuple) and len(interval) == 2 and all(isinstance(v, int | float) for v in interval):
+        share = f"{at['attainment']:.2f} " if at is not None and isinstance(at.get("attainment"), int | float) else ""
+        parts.append(f"attainment {share}[{interval[0]:.2f}, {interval[1]:.2f}]")
+    return ", ".join(parts)

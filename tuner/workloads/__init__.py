@@ -7,6 +7,7 @@ line's ``--concurrency``, ``--rate`` and ``--burstiness`` override the preset's 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -72,14 +73,26 @@ def build_workload(
     if n_requests is not None and n_requests < 1:
         raise ConfigError(f"--requests must be at least 1, got {n_requests}")
     if isinstance(name, Trace):
-        arrival = override(name.arrival, concurrency, rate, burstiness)
-        return build_trace(name, tokenizer, seed, n_requests, max_model_len, arrival)
+        trace = name
+        arrival = override(trace.arrival, concurrency, rate, burstiness)
+
+        def grow_trace(n: int) -> tuple[Request, ...]:  # up to the whole file, then it is replayed
+            return build_trace(trace, tokenizer, seed, n, max_model_len, arrival).requests
+
+        return replace(build_trace(trace, tokenizer, seed, n_requests, max_model_len, arrival), grow=grow_trace)
     preset = WORKLOADS.get(name)
     if preset is None:
         raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
     arrival = override(preset.arrival, concurrency, rate, burstiness)
     drafted = preset.make(tokenizer, seed, n_requests or default_requests(arrival), max_model_len, n_warmup)
-    return assemble(preset.name, seed, drafted, arrival, preset.slo, preset.tiers)
+
+    def grow_preset(n: int) -> tuple[Request, ...]:
+        return assemble(
+            preset.name, seed, preset.make(tokenizer, seed, n, max_model_len, n_warmup), arrival, preset.slo
+        ).requests
+
+    workload = assemble(preset.name, seed, drafted, arrival, preset.slo, preset.tiers)
+    return replace(workload, grow=grow_preset)
 
 
 def workload_for_model(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -121,6 +121,9 @@ class Workload:
     arrival: Arrival = field(default_factory=Arrival)
     slo: Slo = field(default_factory=Slo)
     tiers: Tiers = field(default_factory=Tiers)  # capacity's SLO tiers; not part of the digest
+    # The same workload built with at least N requests, ``requests`` first (None: it cannot grow).
+    # A capacity search takes its distinct requests from it; not part of the digest.
+    grow: Callable[[int], tuple[Request, ...]] | None = field(default=None, compare=False, repr=False)
 
     def digest(self) -> str:
         """Sha256 hex of the canonical JSON of what the server sees; equal inputs, equal digest."""

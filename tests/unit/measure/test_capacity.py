@@ -220,13 +220,22 @@ def test_summarize_step_counts_failures_as_misses_and_drops_ramp_and_drain() -> 
         if r["sent_s"] < 2.0 or r["sent_s"] > 18.0:
             r["first_s"] = r["sent_s"] + 5.0  # ramp-up and drain misses: excluded from attainment
             r["done_s"] = r["sent_s"] + 6.0
-    for r in rows[50:60]:
-        r.update(error="HTTP 500", done_s=None)  # failed inside the window: misses
+    for r in rows[30:190:16]:
+        r.update(error="HTTP 500", done_s=None)  # failed inside the window, spread over it: misses
     step = summarize_step(10.0, rows, slo, 0.9, 20.0, itl_ms=[40.0, 50.0])
     counted = steady_rows(rows, 20.0)
     assert step.n_requests == 200 and step.n_counted == len(counted) == 161 and step.n_errors == 10
     assert step.attainment == pytest.approx(151 / 161)
-    assert step.passed and not step.saturated and not step.collapsed
+    assert step.attainment_low is not None and step.attainment_low >= 0.9, "161 requests decide 0.94 against 0.9"
+    assert step.decision == "pass" and step.passed and not step.saturated and not step.collapsed
+    # The same ten failures in one burst: requests of a step are not independent, and the interval
+    # widens by the design effect its batch means show, so the same share no longer decides a pass.
+    burst = [dict(r, error=None, done_s=r["sent_s"] + 0.5) if r.get("error") else dict(r) for r in rows]
+    for r in burst[50:60]:
+        r.update(error="HTTP 500", done_s=None)
+    clustered = summarize_step(10.0, burst, slo, 0.9, 20.0)
+    assert clustered.attainment == pytest.approx(151 / 161)
+    assert clustered.decision == "undecided" and not clustered.passed
     assert step.ttft_p50_ms == pytest.approx(50.0) and step.tpot_p95_ms == pytest.approx(45.0)
     assert step.itl_p50_ms == pytest.approx(45.0)
     assert step.request_throughput_req_s == pytest.approx(190 / 20.0)
@@ -321,3 +330,69 @@ def test_a_busy_server_that_keeps_up_is_not_called_saturated_early() -> None:
     overload = queued(13.0, 15.0, 0.1)
     seen = [r if r["done_s"] <= 8.0 else {**r, "first_s": None, "done_s": None} for r in overload if r["sent_s"] <= 8.0]
     assert should_abort(seen, {"e2e_p95_ms": 1e9}, 0.9, now_s=8.0, warmup_s=1.5)
+
+
+# --- decided, not drawn -----------------------------------------------------------------------------
+
+
+def _outcomes(n: int, misses_every: int) -> list[bool]:
+    return [i % misses_every != 0 for i in range(1, n + 1)]
+
+
+def test_a_step_at_exactly_the_targets_edge_is_undecided_however_many_requests_it_sent() -> None:
+    from tuner.measure.capacity import attainment_interval, decide, look_z
+
+    for n in (100, 1000, 10000):
+        outcomes = _outcomes(n, 10)  # exactly 90 % met the SLO
+        assert sum(outcomes) / n == pytest.approx(0.9)
+        low, high = attainment_interval(outcomes, look_z(3))
+        assert low < 0.9 < high and decide(low, high, 0.9) == "undecided"
+    # as rows through summarize_step: the edge never passes, where the old point rule passed it
+    rows = steady(10.0, 100.0)
+    for r in rows[5::10]:
+        r["first_s"] = r["sent_s"] + 5.0
+    step = summarize_step(10.0, rows, {"ttft_p95_ms": 200.0}, 0.9, 100.0)
+    assert step.attainment == pytest.approx(0.9, abs=0.002) and step.decision == "undecided" and not step.passed
+
+
+def test_an_interval_decides_once_the_share_is_clearly_on_one_side() -> None:
+    from tuner.measure.capacity import attainment_interval, decide, look_z
+
+    z = look_z(3)
+    assert decide(*attainment_interval(_outcomes(400, 50), z), 0.9) == "pass"  # 98 %
+    assert decide(*attainment_interval(_outcomes(400, 4), z), 0.9) == "fail"  # 75 %
+    assert decide(*attainment_interval(_outcomes(12, 50), z), 0.9) == "undecided", "12 requests cannot tell"
+    assert attainment_interval([], z) == (0.0, 1.0)
+    # more looks, each at a stricter level: the same requests decide later
+    assert look_z(5) > look_z(3) > look_z(1)
+
+
+def test_a_look_counts_only_requests_whose_outcome_is_known_in_send_order() -> None:
+    from tuner.measure.capacity import resolved_until
+
+    rows = [{"sent_s": float(i), "first_s": i + 0.1, "done_s": i + 0.2, "output_tokens": 8, "error": None}
+            for i in range(10)]  # fmt: skip
+    rows[4] = {**rows[4], "first_s": None, "done_s": None}  # still running: the slow one
+    assert resolved_until(rows, {"ttft_p95_ms": 200.0}, 1.0, now_s=10.0) == 3.0
+    assert resolved_until(rows, {"e2e_p95_ms": 1000.0}, 1.0, now_s=10.0) == 9.0, "past its e2e bound: a known miss"
+
+
+def test_the_servers_waiting_queue_growing_is_told_from_noise() -> None:
+    from tuner.measure.capacity import growing
+
+    times = [float(t) for t in range(20)]
+    assert growing(times, [2.0 * t for t in times], arrival_rate=10.0)
+    assert not growing(times, [3.0 + (t % 3) for t in times], arrival_rate=10.0)
+    assert not growing(times[:2], [0.0, 50.0], arrival_rate=10.0), "two samples are no trend"
+
+
+def test_a_capacity_records_the_bracket_it_was_resolved_in_and_the_interval_at_it() -> None:
+    search = CapacitySearch(target=0.9, resolution=0.1, start_rate=1.0)
+    while (rate := search.next_rate()) is not None:
+        rows = steady(rate, 60.0, latency=0.1 if rate <= 3.0 else 2.0)
+        search.record(summarize_step(rate, rows, {"e2e_p95_ms": 1000.0}, 0.9, 60.0))
+    result = search.result()
+    low, high = result.bracket_req_s
+    assert low == result.capacity_req_s and high is not None and low <= 3.0 < high and (high - low) / low <= 0.1
+    record = result.as_dict()
+    assert record["bracket_req_s"] == [low, high] and record["attainment_interval"][0] >= 0.9

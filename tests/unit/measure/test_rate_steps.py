@@ -7,10 +7,14 @@ import math
 from dataclasses import replace
 
 import pytest
+from tokenizers import Tokenizer
 
+from tuner.errors import WorkloadError
 from tuner.measure import rate_steps
 from tuner.measure.capacity import SLO_KEYS
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity, step_requests
+from tuner.measure.supply import RequestSupply
+from tuner.workloads import build_workload
 from tuner.workloads.base import Request
 
 STRICT = {"ttft_p95_ms": 200.0, "tpot_p95_ms": 6.0}
@@ -34,18 +38,28 @@ def _plan(**kw: object) -> CapacityPlan:
     return CapacityPlan(**{**base, **kw})  # type: ignore[arg-type]
 
 
-def test_a_step_cycles_the_pool_with_fresh_ids_and_releases_at_the_rate() -> None:
-    plan = _plan(min_requests=10, min_step_s=10.0)
-    steps = step_requests(_pool(4), rate=3.0, plan=plan)
+def test_a_step_takes_distinct_requests_from_a_finite_pool_and_says_how_many_it_replayed() -> None:
+    plan = _plan(min_requests=10, min_step_s=10.0, step_limit=1)
+    supply = RequestSupply(_pool(4))
+    steps, replayed = step_requests(supply, rate=3.0, plan=plan)
     assert len(steps) == 30  # 3 req/s for 10 s is more than the 10 requests asked for
-    assert len({r.request_id for r in steps}) == 30, "a cycled request must not share its id with its first pass"
+    assert replayed == 26, "a pool of 4 holds 4 of the 30; the rest are replays, and the step says so"
+    assert len({r.request_id for r in steps}) == 30, "a replayed request must not share its id with its first pass"
+    assert [r.request_id for r in steps[:8]] == ["r0", "r1", "r2", "r3", "r0~1", "r1~1", "r2~1", "r3~1"]
     times = [r.arrival_s for r in steps]
     assert all(t is not None for t in times) and times == sorted(times)
     assert math.isclose(max(t for t in times if t is not None), 30 / 3.0, rel_tol=0.05)
 
 
+def test_a_step_asks_for_enough_requests_for_every_look() -> None:
+    plan = _plan(min_requests=10, min_step_s=10.0, step_limit=3)
+    steps, _ = step_requests(RequestSupply(_pool(100)), rate=2.0, plan=plan)
+    assert len(steps) == 60  # three looks of 10 s at 2 req/s
+
+
 def test_a_session_is_released_once_and_keeps_its_turns_in_order() -> None:
-    steps = step_requests(_pool(6, session_every=3), rate=1.0, plan=_plan(min_requests=12, min_step_s=1.0))
+    plan = _plan(min_requests=12, min_step_s=1.0, step_limit=1)
+    steps, _ = step_requests(RequestSupply(_pool(6, session_every=3)), rate=1.0, plan=plan)
     sessions: dict[str | None, list[Request]] = {}
     for r in steps:
         sessions.setdefault(r.session_id, []).append(r)
@@ -55,10 +69,48 @@ def test_a_session_is_released_once_and_keeps_its_turns_in_order() -> None:
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
-    pool = _pool(5)
-    first = [r.arrival_s for r in step_requests(pool, 2.0, _plan(seed=1))]
-    assert first == [r.arrival_s for r in step_requests(pool, 2.0, _plan(seed=1))]
-    assert first != [r.arrival_s for r in step_requests(pool, 2.0, _plan(seed=2))]
+    def times(seed: int) -> list[float | None]:
+        return [r.arrival_s for r in step_requests(RequestSupply(_pool(5)), 2.0, _plan(seed=seed))[0]]
+
+    assert times(1) == times(1) and times(1) != times(2)
+
+
+def test_a_supply_never_hands_a_request_out_twice_and_takes_back_what_was_never_released() -> None:
+    grown: list[int] = []
+
+    def grow(n: int) -> list[Request]:
+        grown.append(n)
+        return _pool(n)
+
+    supply = RequestSupply(_pool(4), grow)
+    first, _ = supply.take(3)
+    second, replayed = supply.take(10)
+    ids = [u[0].request_id for u in first + second]
+    assert ids == [f"r{i}" for i in range(13)] and replayed == 0 and grown, "a preset grows instead of cycling"
+    supply.give_back(4)  # the step was decided before its last four were released
+    third, _ = supply.take(2)
+    assert [u[0].request_id for u in third] == ["r9", "r10"]
+
+
+def test_a_workload_that_does_not_grow_by_appending_is_refused() -> None:
+    supply = RequestSupply(_pool(4), lambda n: [replace(r, body={"prompt": "other"}) for r in _pool(n)])
+    with pytest.raises(WorkloadError, match="did not grow by appending"):
+        supply.take(10)
+
+
+def test_a_preset_grows_by_appending_so_no_request_repeats_within_a_search(tokenizer: Tokenizer) -> None:
+    """The real rag preset, grown by a search's steps: every prompt sent is sent once."""
+    workload = build_workload("rag", tokenizer, seed=0, n_requests=8, max_model_len=2048, rate=1.0)
+    supply = RequestSupply.of(workload)
+    plan = _plan(min_requests=10, min_step_s=4.0, step_limit=2)
+    sent: list[Request] = []
+    for rate in (1.0, 2.0, 4.0, 2.83):
+        requests, replayed = step_requests(supply, rate, plan)
+        assert replayed == 0
+        sent += requests
+    prompts = [r.body["prompt"] for r in sent]
+    assert len(sent) > 4 * len(workload.requests) and len(set(prompts)) == len(prompts)
+    assert [r.body for r in sent[:8]] == [r.body for r in workload.requests], "the study's pool comes first"
 
 
 def _measured_at(rate: float, knee_strict: float, knee_relaxed: float) -> Measured:

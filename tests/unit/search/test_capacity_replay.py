@@ -26,7 +26,7 @@ from tuner.study.attrs import enqueue_defaults
 
 PLAN = CapacityPlan(
     tiers={"interactive": {"ttft_p95_ms": 1000.0}, "relaxed": {"ttft_p95_ms": 4000.0}},
-    scored=("interactive",), start_rate=0.5, min_step_s=6.0, min_requests=10, max_steps=8,
+    scored=("interactive",), start_rate=0.5, min_step_s=6.0, min_requests=40, max_steps=8,
 )  # fmt: skip
 
 
@@ -81,7 +81,7 @@ def test_a_step_asked_below_the_ladder_costs_its_own_schedule() -> None:
     rungs = {5: _step(0.805, 2.0), 6: _step(0.886, 2.0)}
     m, cost = _table.rung_for(rungs, 0.4, PLAN)
     assert m is rungs[5]
-    assert cost == pytest.approx(rungs[5].duration_s * (10 / 0.4) / (10 / 0.805))
+    assert cost == pytest.approx(rungs[5].duration_s * (40 / 0.4) / (40 / 0.805))
 
 
 def test_a_study_under_the_capacity_objective_tells_a_repeated_config_again_without_its_seconds() -> None:
