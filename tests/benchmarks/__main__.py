@@ -28,6 +28,7 @@ ROOT = HERE.parents[1]
 ENGINE_LOCK = Path("/tmp/tuner-engine.lock")
 BOOTS_VLLM = {
     "bench_capacity",
+    "bench_capacity_trust",
     "bench_workloads",
     "bench_fidelity",
     "bench_noise",
@@ -42,6 +43,7 @@ NEEDS_POSTGRES = {"bench_scale_out"}
 # report; run them by name.
 ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_capacity", ()),
+    ("bench_capacity_trust", ()),
     ("bench_driver_capacity", ()),
     ("bench_fidelity", ()),
     ("bench_fidelity", ("--pin",)),

@@ -89,20 +89,32 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_section(name: str, markdown: str, data: dict[str, Any]) -> None:
+def write_section(
+    name: str, markdown: str, data: dict[str, Any], md_path: Path = MD_PATH, json_path: Path = JSON_PATH
+) -> None:
     """Replace benchmark ``name``'s section in both report files (creating them if needed), stamped with
     ``data["stamp"]``, the stamp its run took when it started."""
     data = {**data, "stamp": stamp_of(data, name)}
     markdown = stamped(markdown, data["stamp"])
     with _locked():
-        merged: dict[str, Any] = json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else {}
+        merged: dict[str, Any] = json.loads(json_path.read_text()) if json_path.exists() else {}
         merged[name] = _finite(data)
-        JSON_PATH.write_text(json.dumps(merged, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
-        text = MD_PATH.read_text() if MD_PATH.exists() else MD_TITLE
+        json_path.write_text(json.dumps(merged, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+        text = md_path.read_text() if md_path.exists() else MD_TITLE
         block = f"<!-- bench:{name} -->\n{markdown.strip()}\n<!-- /bench:{name} -->"
-        pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S)
-        text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-        MD_PATH.write_text(text)
+        md_path.write_text(with_section(text, name, block))
+
+
+def with_section(text: str, name: str, block: str) -> str:
+    """``text`` with section ``name`` replaced by ``block``, or ``block`` appended when it has none."""
+    pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S)
+    return pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+
+
+def sections(text: str) -> list[tuple[str, str]]:
+    """Every ``<!-- bench:NAME -->`` block of ``text``: (NAME, the whole block)."""
+    found = re.finditer(r"(<!-- bench:(?P<name>[\w-]+) -->.*?<!-- /bench:(?P=name) -->)", text, re.S)
+    return [(m["name"], m[1]) for m in found]
 
 
 def _finite(value: Any) -> Any:

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from tests.benchmarks import _engine
-from tests.benchmarks._report import ROOT, table
+from tests.benchmarks._report import ROOT, sections, table, with_section
 from tests.benchmarks.stamp import stamp, stamp_line
 from tuner.engines.base import Config
 from tuner.measure.capacity import summarize_step
@@ -188,6 +188,14 @@ def repeatability(setup: Setup, boots: int) -> dict[str, Any]:
     }
 
 
+def _write_md(page: str) -> None:
+    """The page, keeping the sections other benchmarks own in it (``bench_capacity_trust``'s)."""
+    old = MD_PATH.read_text() if MD_PATH.exists() else ""
+    for name, block in sections(old):
+        page = with_section(page, name, block)
+    MD_PATH.write_text(page.rstrip() + "\n")
+
+
 def render(data: dict[str, Any]) -> str:
     plan = data["plan"]
     tiers = "; ".join(f"{t}: " + ", ".join(f"{k} <= {v:g}" for k, v in slo.items()) for t, slo in plan["tiers"].items())
@@ -340,7 +348,7 @@ def main() -> None:
     parser.add_argument("--render-only", action="store_true", help="re-render reports/capacity.md from the JSON")
     args = parser.parse_args()
     if args.render_only:
-        MD_PATH.write_text(render(json.loads(JSON_PATH.read_text())) + "\n")
+        _write_md(render(json.loads(JSON_PATH.read_text())))
         return
     run_stamp = stamp()
     setup = Setup()
@@ -348,8 +356,13 @@ def main() -> None:
     data["curves"] = [curve(setup, label, CONFIGS[label]) for label in args.configs.split(",")]
     if args.boots > 0:
         data["repeatability"] = repeatability(setup, args.boots)
-    JSON_PATH.write_text(json.dumps(data, indent=2, default=list) + "\n")
-    MD_PATH.write_text(render(data) + "\n")
+    kept = (
+        {k: v for k, v in json.loads(JSON_PATH.read_text()).items() if k == "capacity_trust"}
+        if JSON_PATH.exists()
+        else {}
+    )
+    JSON_PATH.write_text(json.dumps({**data, **kept}, indent=2, default=list) + "\n")
+    _write_md(render(data))
     print(f"wrote {Path(MD_PATH).relative_to(ROOT)} and {Path(JSON_PATH).relative_to(ROOT)}")
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import yaml
 
 from tuner.deploy.formats import read_container_args, read_launcher, render_compose, render_k8s, render_python
-from tuner.deploy.provenance import provenance
+from tuner.deploy.provenance import _capacity_lines, provenance
 from tuner.errors import ExportError
 
 NASTY = '/models/my "model"; touch pwned; /x y'
@@ -80,3 +81,19 @@ def test_vllm_python_launcher_reads_back_and_compiles() -> None:
 def test_reading_something_else_is_an_export_error(text: str) -> None:
     with pytest.raises(ExportError):
         read_container_args(text)
+
+
+def test_the_provenance_gives_each_capacity_with_its_bracket_and_attainment_interval() -> None:
+    from tuner.measure.capacity import CapacitySearch, judged_step
+
+    search = CapacitySearch(target=0.9, resolution=0.1, start_rate=10.0)
+    while (rate := search.next_rate()) is not None:
+        step = judged_step(rate, 0.97 if rate <= 30.0 else 0.5, 0.9)
+        search.record(replace(step, attainment_low=0.93, attainment_high=0.99) if step.passed else step)
+    record = search.result().as_dict()
+    m = {"model": "m", "workload": "rag", "workload_digest": "d", "metrics": {},
+         "capacity": {"tiers": {"interactive": {**record, "slo": {"ttft_p95_ms": 200.0}}}}}  # fmt: skip
+    line = next(x for x in _capacity_lines(m) if "interactive tier" in x)
+    low, high = record["bracket_req_s"]
+    assert f"{low:.3g} req/s with 90% of requests within ttft_p95_ms <= 200" in line
+    assert f"in [{low:.3g}, {high:.3g}) req/s" in line and "attainment 0.97 [0.93, 0.99]" in line
