@@ -66,6 +66,7 @@ def _search_options(args: argparse.Namespace, **extra: Any) -> SearchOptions:
         engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
         tier=args.tier, attainment=args.attainment, resolution=args.resolution, confidence=args.confidence,
         prune=args.prune, stress=args.stress, gpus=parse_gpus(args.gpus) if args.gpus else None,
+        gpu_price=getattr(args, "gpu_price", None),
         gpus_per_trial=args.gpus_per_trial, **extra,
     )  # fmt: skip
 
@@ -148,7 +149,7 @@ def plan(args: argparse.Namespace) -> int:
 def trials(args: argparse.Namespace) -> int:
 
     study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
-    print(trials_table(study))
+    print(trials_table(study, args.gpu_price))
     return 0
 
 
@@ -177,7 +178,7 @@ def check(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
 
     study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
-    print(write_report(study, args.out))
+    print(write_report(study, args.out, args.gpu_price))
     return 0
 
 

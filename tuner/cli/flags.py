@@ -122,6 +122,10 @@ def _load_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burstiness", type=_burstiness, help="open-loop gamma shape: 1 Poisson, <1 burstier")
 
 
+PRICE_HELP = "what one GPU costs per hour: capacities are also priced per million output tokens at the SLO"
+PRICE_OVERRIDE = PRICE_HELP + " (default: the price the study was searched with)"
+
+
 def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
     """``search``'s flags; a ``worker`` takes what it is not given from the study it joins."""
     from_study = "(default: the study's)" if worker else ""
@@ -140,6 +144,8 @@ def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
     )
     s.add_argument("--repeats", type=_at_least(0), help="fresh boots per finalist (default 5; CPU default 2; 0: none)")
     s.add_argument("--timeout", type=_above_zero, help="stop starting trials after this many seconds")
+    if not worker:
+        s.add_argument("--gpu-price", type=_above_zero, metavar="USD_PER_GPU_HOUR", help=PRICE_HELP)
     s.add_argument("--model")
     s.add_argument("--draft-model", action="append", default=[], dest="drafts")
     s.add_argument("--seed", type=_seed, default=None if worker else 0)
@@ -268,12 +274,18 @@ def _study_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     t = sub.add_parser("trials", help="print the trials of a study")
     t.add_argument("--study", required=True)
     t.add_argument("--storage")
+    t.add_argument(
+        "--gpu-price", type=_above_zero, metavar="USD_PER_GPU_HOUR", help=PRICE_HELP + " (default: the study's)"
+    )
 
     _export_flags(sub.add_parser("export", help="write launch files for the best (or given) trials"))
     h = sub.add_parser("report", help="write reports/<study>/index.html and summary.md")
     h.add_argument("--study", required=True)
     h.add_argument("--storage")
     h.add_argument("--out", type=Path, default=Path("reports"), help="the folder that gets <study>/ (default reports)")
+    h.add_argument(
+        "--gpu-price", type=_above_zero, metavar="USD_PER_GPU_HOUR", help=PRICE_HELP + " (default: the study's)"
+    )
 
     d = sub.add_parser("dashboard", help="review a study in optuna-dashboard (bound to 127.0.0.1 by default)")
     d.add_argument("--study", help="with the default storage: the study whose SQLite file to open")

@@ -27,6 +27,7 @@ from tuner.engines import env as env_probe
 from tuner.errors import ExportError
 from tuner.naming import safe_name
 from tuner.study.attrs import constraint_violation, trial_attrs
+from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
 from tuner.version import __version__
 
@@ -82,6 +83,7 @@ def manifest(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict[str, 
         "verdict": sattrs.get("verdict"),
         "server": attrs.get("server"),
         **_capacity(attrs),
+        **_cost(attrs, sattrs.get(PRICE_ATTR)),
         "module": launch["module"],
         "python": launch["python"],
         "argv": list(launch["args"]),  # the engine's own flags: each format adds its address
@@ -94,10 +96,31 @@ def _capacity(attrs: dict[str, Any]) -> dict[str, Any]:
     if not searched:
         return {}
     tiers = {
-        tier: {"capacity_req_s": s.get("capacity_req_s"), "slo": s.get("slo"), "attainment_target": s.get("target")}
+        tier: {
+            "capacity_req_s": s.get("capacity_req_s"),
+            "slo": s.get("slo"),
+            "attainment_target": s.get("target"),
+            "bracket_req_s": s.get("bracket_req_s"),
+            "attainment_interval": s.get("attainment_interval"),
+            # the step the capacity was decided at, so its attainment goes with its interval
+            "steps": [
+                x for x in s.get("steps") or [] if x.get("passed") and x.get("rate_req_s") == s.get("capacity_req_s")
+            ][:1],
+        }  # fmt: skip
         for tier, s in searched.items()
     }
     return {"capacity": {"objective_tier": attrs["capacity"].get("objective_tier"), "tiers": tiers}}
+
+
+def _cost(attrs: dict[str, Any], price: float | None) -> dict[str, Any]:
+    """Each tier's output tokens/s per GPU at its capacity and, with a price, dollars per million tokens."""
+    tiers = ((attrs.get("capacity") or {}).get("tiers") or {}).keys()
+    found = {
+        tier: {"output_tok_s_per_gpu": per_gpu, "usd_per_million_output_tokens": usd_per_million_tokens(per_gpu, price)}
+        for tier in tiers
+        if (per_gpu := tok_s_per_gpu(attrs, tier)) is not None
+    }
+    return {"cost": {"gpu_price_usd_per_hour": price, "tiers": found}} if found else {}
 
 
 def stored_launch(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:

@@ -32,6 +32,7 @@ def provenance(m: dict[str, Any]) -> list[str]:
         f"# workload: {_oneline(m['workload'])}  digest: {_oneline(m['workload_digest'])}",
         f"# measured: {objectives}",
         *_capacity_lines(m),
+        *_cost_lines(m),
         *_repeat_lines(m),
     ]
 
@@ -48,6 +49,18 @@ def _capacity_lines(m: dict[str, Any]) -> list[str]:
         known = capacity_uncertainty(c)
         lines.append(f"# capacity ({_oneline(tier)} tier): {rate} with {share} of requests within {_oneline(slo)}"
                      + (f" ({_oneline(known)})" if known else ""))  # fmt: skip
+    return lines
+
+
+def _cost_lines(m: dict[str, Any]) -> list[str]:
+    """Each tier's output tokens/s per GPU at its capacity, and its price when the study has one."""
+    cost = m.get("cost") or {}
+    price = cost.get("gpu_price_usd_per_hour")
+    lines = []
+    for tier, c in (cost.get("tiers") or {}).items():
+        dollars = c.get("usd_per_million_output_tokens")
+        priced = f", ${dollars:.3g} per million output tokens at ${price:g}/GPU-hour" if dollars is not None else ""
+        lines.append(f"# cost ({_oneline(tier)} tier): {c['output_tok_s_per_gpu']:.4g} output tok/s per GPU{priced}")
     return lines
 
 

@@ -20,6 +20,7 @@ import optuna
 from tuner.report.describe import engine_of, number, params_list, params_text, trial_name
 from tuner.report.plots import Curve, RateStep, capacity_figure
 from tuner.study.attrs import capacity_uncertainty, is_default, study_attrs_of, trial_attrs
+from tuner.study.cost import cost_text
 
 Trial = optuna.trial.FrozenTrial
 CAPACITY_OBJECTIVES = ("capacity", "capacity-pareto")
@@ -156,13 +157,15 @@ def _with_uncertainty(trial: Trial, tier: str) -> str:
     return capacity_cell(trial, tier) + (f" ({known})" if known else "")
 
 
-def capacity_table_section(study: optuna.Study) -> str:
+def capacity_table_section(study: optuna.Study, price: float | None = None) -> str:
     names = [t.name for t in tiers(study)]
     head = "".join(f"<th>{html.escape(n)} (req/s)</th>" for n in names)
+    head += f"<th>cost at the {html.escape(names[0])} capacity</th>" if names else ""
     rows = []
     for t in study.get_trials(deepcopy=False):
         status = trial_attrs(t).get("failure") or t.state.name.lower()
         cells = "".join(f"<td>{html.escape(_with_uncertainty(t, n))}</td>" for n in names)
+        cells += f"<td>{html.escape(cost_text(t.user_attrs, names[0], price)) or '-'}</td>" if names else ""
         kind = "engine default" if is_default(t) else html.escape(params_text(t))
         rows.append(f"<tr><td>{t.number}</td><td>{html.escape(engine_of(t))}</td>"
                     f"<td>{html.escape(str(status))}</td>{cells}<td>{kind}</td></tr>")  # fmt: skip

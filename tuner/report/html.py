@@ -19,11 +19,19 @@ from typing import Any
 import optuna
 
 from tuner.naming import safe_name
-from tuner.report.capacity import capacity_section, capacity_table_section, is_capacity_study, objective_capacity
+from tuner.report.capacity import (
+    capacity_section,
+    capacity_table_section,
+    is_capacity_study,
+    objective_capacity,
+    tiers,
+)
 from tuner.report.describe import engine_line, engines_text, launch_command, number, params_list, params_text
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
+from tuner.report.trials_table import study_price
 from tuner.report.winner import launch_choice
 from tuner.study.attrs import DEFAULT_KIND, SAMPLED_KIND, is_default, study_attrs_of, trial_attrs
+from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto
 from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict
 
@@ -104,14 +112,19 @@ CSS = (
 )
 
 
-def best_vs_default_section(study: optuna.Study) -> str:
+def best_vs_default_section(study: optuna.Study, price: float | None = None) -> str:
     finalists = [f for f in study_attrs_of(study).get("finalists", []) if isinstance(f, dict)]
     metrics = list(dict.fromkeys(m for f in finalists for m in f.get("stats") or {}))
-    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    tier = tiers(study)[0].name if is_capacity_study(study) and tiers(study) else None
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics) + ("<th>cost at the SLO</th>" if tier else "")
     rows = []
     for f in finalists:
         stats = f.get("stats") or {}
         cells = "".join(f"<td>{_interval(s)}</td>" if (s := stats.get(m)) else "<td>-</td>" for m in metrics)
+        if tier is not None:  # the trial's own capacity priced: output tokens per GPU, and $ with a price
+            trial = by_number.get(f.get("trial"))  # type: ignore[arg-type]
+            cells += f"<td>{html.escape(cost_text(trial.user_attrs, tier, price) if trial else '') or '-'}</td>"
         kind = "engine default" if f.get("config_kind") == DEFAULT_KIND else "tuned"
         rows.append(f"<tr><td>trial {f.get('trial')} ({kind})</td>{cells}</tr>")
     verdict = study_attrs_of(study).get("verdict")
@@ -196,14 +209,16 @@ def _intro(study: optuna.Study) -> str:
     return f"<h1>Study {html.escape(study.study_name)}</h1><p>{facts}</p>"
 
 
-def write_report(study: optuna.Study, out_root: Path) -> Path:
+def write_report(study: optuna.Study, out_root: Path, gpu_price: float | None = None) -> Path:
+    """The study's report; ``gpu_price`` (USD per GPU-hour) overrides the study's own for the costs."""
     found = importances(study)  # PED-ANOVA over every trial: computed once for both sections
     capacity = is_capacity_study(study)
+    price = study_price(study, gpu_price)
     if capacity:
-        first = [capacity_section(study), capacity_table_section(study)]
+        first = [capacity_section(study), capacity_table_section(study, price)]
     else:
         first = [pareto_section(study), cdf_section(study)]
-    sections = [*first, importance_section(found, capacity), best_vs_default_section(study),
+    sections = [*first, importance_section(found, capacity), best_vs_default_section(study, price),
                 failure_map_section(study, list(found)), acceptance_section(study), launch_section(study)]  # fmt: skip
     out = out_root / safe_name(study.study_name)
     out.mkdir(parents=True, exist_ok=True)

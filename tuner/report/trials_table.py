@@ -13,6 +13,7 @@ import optuna
 from tuner.report.capacity import capacity_cell, is_capacity_study, slo_text, tiers
 from tuner.report.describe import engine_of, params_text
 from tuner.study.attrs import is_default, study_attrs_of
+from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
 from tuner.study.verdict import describe_verdict, interval_text
 
@@ -47,14 +48,28 @@ def _status(attrs: dict[str, Any]) -> str:
     return "pruned" if pruned else str(attrs.get("failure") or "-")
 
 
-def header(study: optuna.Study) -> tuple[str, ...]:
+def header(study: optuna.Study, price: float | None = None) -> tuple[str, ...]:
     if not is_capacity_study(study):
         return COLUMNS
     capacities = tuple(f"{t.name} req/s" for t in tiers(study))
-    return ("#", "state", "failure", *capacities, "repeats: req/s mean [95% CI]", "params")
+    cost = ("tok/s/GPU", "$/M tok") if price is not None else ("tok/s/GPU",)
+    return ("#", "state", "failure", *capacities, *cost, "repeats: req/s mean [95% CI]", "params")
 
 
-def trial_rows(study: optuna.Study) -> list[tuple[str, ...]]:
+def _cost_cells(attrs: dict[str, Any], tier: str, price: float | None) -> tuple[str, ...]:
+    """Output tokens/s per GPU at the objective tier's capacity and, with a price, $ per million of them."""
+    per_gpu = tok_s_per_gpu(attrs, tier)
+    cells = (_number(per_gpu, ".4g"),)
+    return cells + (_number(usd_per_million_tokens(per_gpu, price), ".3g"),) if price is not None else cells
+
+
+def study_price(study: optuna.Study, given: float | None = None) -> float | None:
+    """The GPU price to show: the one given now, else the one the study was searched with."""
+    stored = study.user_attrs.get(PRICE_ATTR)
+    return given if given is not None else float(stored) if isinstance(stored, int | float) else None
+
+
+def trial_rows(study: optuna.Study, price: float | None = None) -> list[tuple[str, ...]]:
     front = {t.number for t in feasible_pareto(study)}
     finalists = {f.get("trial"): f for f in study_attrs_of(study).get("finalists", []) if isinstance(f, dict)}
     capacity = is_capacity_study(study)
@@ -64,7 +79,7 @@ def trial_rows(study: optuna.Study) -> list[tuple[str, ...]]:
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
         if capacity:
-            measured = tuple(capacity_cell(t, n) for n in names)
+            measured = (*(capacity_cell(t, n) for n in names), *_cost_cells(attrs, names[0], price))
         else:
             throughput = None if attrs.get("pruned") else attrs.get("output_throughput_tok_s")
             measured = (_number(attrs.get("ttft_p95_ms"), ".0f"), _number(throughput, ".1f"))
@@ -99,12 +114,17 @@ def search_effort(study: optuna.Study) -> str:
             f"pruned" + (f": {', '.join(how)}" if how else ""))  # fmt: skip
 
 
-def trials_table(study: optuna.Study) -> str:
+def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:
+    """The table; ``gpu_price`` (USD per GPU-hour) overrides the study's own for the cost column."""
     legend = "* feasible Pareto-optimal"
     verdict = study_attrs_of(study).get("verdict")
-    lines = [format_table(trial_rows(study), header(study)), legend]
+    price = study_price(study, gpu_price)
+    lines = [format_table(trial_rows(study, price), header(study, price)), legend]
     if is_capacity_study(study):
         lines += [f"SLO {tier.name}: {slo_text(tier)}" for tier in tiers(study)]
+        first = tiers(study)[0].name if tiers(study) else "?"
+        priced = f" at ${price:g}/GPU-hour" if price is not None else " (--gpu-price to price them)"
+        lines.append(f"tok/s/GPU: output tokens per second per GPU at the {first} tier's capacity{priced}")
     lines.append(search_effort(study))
     if verdict is not None:
         lines.append(describe_verdict(verdict))

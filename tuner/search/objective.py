@@ -40,6 +40,7 @@ from tuner.search.rejections import REJECTED, rejected_like
 from tuner.search.scoring import values, violation
 from tuner.search.space import Space, suggest
 from tuner.study.attrs import CONSTRAINT, SAMPLED_KIND, is_default, trial_attrs
+from tuner.study.cost import tok_s_per_gpu
 from tuner.study.feasible import feasible_trials
 
 SCREENED = "screened"
@@ -271,4 +272,6 @@ def capacity_attrs(result: TrialResult) -> dict[str, Any]:
         "capacity_req_s": tiers[first]["capacity_req_s"],
         "slo": {"tier": first, **tiers[first]["slo"], "attainment": tiers[first]["target"]},
         **{f"capacity_{tier}_req_s": searched["capacity_req_s"] for tier, searched in tiers.items()},
+        # what the capacity is worth: output tokens/s one GPU sustains at it (tuner.study.cost)
+        "output_tok_s_per_gpu": tok_s_per_gpu({"capacity": result.capacity, "launch": result.launch.stored()}, first),
     }

@@ -40,6 +40,7 @@ class SearchOptions:
     attainment: float = 0.9  # the share of requests that must meet the SLO at a capacity
     resolution: float = 0.10  # the capacity search's relative precision
     confidence: float | None = None  # how sure a step's decision must be (None: the device's default)
+    gpu_price: float | None = None  # USD per GPU-hour: capacities priced per million output tokens
     sampler: str = "tpe"
     screen: bool = True  # the pre-boot memory screen (tuner.search.memory)
     prune: bool = True  # stop trials clearly worse than the feasible ones so far (tuner.search.pruning)

@@ -22,6 +22,7 @@ from tuner.progress import Progress
 from tuner.search.options import SearchOptions
 from tuner.search.scoring import is_capacity
 from tuner.search.space import Space
+from tuner.study.cost import PRICE_ATTR
 from tuner.workloads import source, workload_for_model
 from tuner.workloads.base import TIER_NAMES, Slo, Workload
 from tuner.workloads.trace import Trace
@@ -109,6 +110,7 @@ def study_attrs(
         "objective": opts.objective,
         "slo": slo,
         "capacity_plan": None if capacity is None else capacity_attrs(capacity),
+        **({PRICE_ATTR: opts.gpu_price} if opts.gpu_price is not None else {}),  # a resume without it keeps it
         # what a worker joining from another host needs to rebuild the very same workload and models
         "options": {
             "workload": opts.workload, "seed": opts.seed, "requests": opts.requests,
@@ -186,10 +188,10 @@ def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> Ca
 # of an H200 study outlast its boot (reports/gpu-h200/capacity/block3). Lower capacities are still
 # found: a search without an incumbent halves down from its start.
 # A step is decided by its attainment's interval (tuner.measure.capacity), which needs requests: on the
-# CPU build a step's first look comes after enough of them that a clean pass is decided there, at a
-# lower confidence and with fewer looks than on a GPU, since there each request costs seconds.
-CPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 6.0, "min_requests": 24, "max_steps": 8,
-                             "step_limit": 2, "confidence": 0.8}  # fmt: skip
+# CPU build each request costs seconds, so its default looks twice at most and at a lower confidence
+# than on a GPU: the Quickstart's whole study must stay within its minutes (--confidence sets either).
+CPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 6.0, "min_requests": 16, "max_steps": 8,
+                             "step_limit": 2, "confidence": 0.6}  # fmt: skip
 GPU_STEPS: dict[str, Any] = {"start_rate": 40 / 15.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10,
                              "step_limit": 3, "confidence": 0.9}  # fmt: skip
 MIN_TTFT_MS = 1.0  # no server answers over HTTP within a millisecond

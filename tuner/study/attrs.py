@@ -65,6 +65,7 @@ class TrialAttrs(TypedDict, total=False):
     capacity_req_s: float
     capacity_interactive_req_s: float
     capacity_relaxed_req_s: float
+    output_tok_s_per_gpu: float | None  # at the objective tier's capacity (tuner.study.cost)
     slo: dict[str, Any]  # the scored tier, its bounds and the attainment target
 
 
@@ -85,6 +86,7 @@ class StudyAttrs(TypedDict, total=False):
     finalists: list[dict[str, Any]]
     verdict: dict[str, Any]
     stress: dict[str, dict[str, Any]]
+    gpu_price_usd_per_hour: float  # tuner search --gpu-price (tuner.study.cost)
 
 
 def trial_attrs(trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialAttrs:

@@ -17,7 +17,12 @@ def test_a_capacity_study_lists_each_trials_capacity_per_tier_and_the_slo(capaci
     assert "interactive req/s" in head and "relaxed req/s" in head and "repeats: req/s" in head
     assert "ttft_p95_ms" not in head
     assert _row(table, 2)[:5] == ["2*", "COMPLETE", "-", "4", "6"]  # the best capacity: the feasible front
-    assert _row(table, 2)[5:7] == ["4.1", "[3.9,"], "the finalist's repeats on capacity"
+    assert _row(table, 2)[5] == "480", "output tokens/s per GPU at the interactive capacity"
+    assert _row(table, 2)[6:8] == ["4.1", "[3.9,"], "the finalist's repeats on capacity"
+    assert "tok/s/GPU" in head and "$/M tok" not in head and "(--gpu-price to price them)" in table
+    priced = trials_table(capacity_study, gpu_price=2.0)  # $2/GPU-hour at 480 tok/s: $1.16 per million tokens
+    assert "$/M tok" in priced.splitlines()[0] and _row(priced, 2)[5:7] == ["480", "1.16"]
+    assert "at $2/GPU-hour" in priced
     assert _row(table, 0)[3:5] == ["2", "3"] and "vllm (engine defaults)" in table
     assert _row(table, 4)[2:5] == ["oom_boot", "-", "-"]  # failed: no capacity attribute, no crash
     assert _row(table, 5)[2:5] == ["-", "-", "-"]  # a malformed capacity attribute

@@ -1,0 +1,33 @@
+"""What a capacity is worth: output tokens/s per GPU at the SLO, and dollars per million of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.study.cost import cost_text, gpus_of, tok_s_per_gpu, usd_per_million_tokens
+
+
+def _attrs(capacity: float, tok_s: float, env: dict[str, str] | None = None) -> dict[str, object]:
+    steps = [{"rate_req_s": capacity, "passed": True, "output_throughput_tok_s": tok_s},
+             {"rate_req_s": capacity * 1.1, "passed": False, "output_throughput_tok_s": tok_s * 1.05}]  # fmt: skip
+    tier = {"capacity_req_s": capacity, "steps": steps}
+    return {"capacity": {"tiers": {"interactive": tier}}, "launch": {"env": env or {}}}
+
+
+def test_the_rate_is_the_one_at_the_capacity_step_per_gpu_given() -> None:
+    assert tok_s_per_gpu(_attrs(30.0, 1440.0), "interactive") == 1440.0
+    assert tok_s_per_gpu(_attrs(30.0, 1440.0, {"CUDA_VISIBLE_DEVICES": "0,1"}), "interactive") == 720.0
+    assert gpus_of({}) == 1 and gpus_of({"launch": {"env": {"CUDA_VISIBLE_DEVICES": "3"}}}) == 1
+    assert tok_s_per_gpu(_attrs(0.0, 0.0), "interactive") is None, "no capacity: nothing to price"
+    assert tok_s_per_gpu({"capacity": "junk"}, "interactive") is None and tok_s_per_gpu({}, "relaxed") is None
+
+
+def test_a_million_tokens_cost_the_gpu_hours_they_take() -> None:
+    # 1000 tok/s is 3.6 M tokens an hour: at $3.60 an hour a million costs $1
+    assert usd_per_million_tokens(1000.0, 3.6) == pytest.approx(1.0)
+    assert usd_per_million_tokens(2000.0, 3.6) == pytest.approx(0.5), "twice the rate, half the price"
+    assert usd_per_million_tokens(1000.0, None) is None and usd_per_million_tokens(None, 3.6) is None
+    assert cost_text(_attrs(30.0, 1000.0), "interactive", 3.6) == (
+        "1000 tok/s per GPU, $1 per million output tokens at $3.6/GPU-hour"
+    )
+    assert cost_text(_attrs(30.0, 1000.0), "interactive", None) == "1000 tok/s per GPU"

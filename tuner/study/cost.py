@@ -1,0 +1,61 @@
+"""What a config's capacity is worth: output tokens per second per GPU at the SLO, and its price.
+
+A config that carries more traffic under the SLO needs fewer GPUs, so the figure an operator decides
+with is the output token rate one GPU sustains *at its capacity* (the step the capacity was decided
+at, under the SLO), and, given an hourly price per GPU (``--gpu-price``), the dollars one million
+output tokens cost at that rate: ``price / 3600 / (tokens/s per GPU) * 1e6``. Both are read from a
+trial's stored capacity record, so a price given later (``tuner trials --gpu-price``) prices an
+older study too. A trial's GPUs are those its launch was given (``CUDA_VISIBLE_DEVICES``), else one:
+the CPU build's device counts as one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+PRICE_ATTR = "gpu_price_usd_per_hour"  # the study attribute ``tuner search --gpu-price`` sets
+
+
+def gpus_of(attrs: Mapping[str, Any]) -> int:
+    """How many GPUs a trial's server was given (at least one)."""
+    env = ((attrs.get("launch") or {}).get("env") or {}) if isinstance(attrs.get("launch"), dict) else {}
+    visible = env.get("CUDA_VISIBLE_DEVICES") if isinstance(env, dict) else None
+    return max(1, len([g for g in str(visible).split(",") if g.strip()])) if visible else 1
+
+
+def tier_output_tok_s(attrs: Mapping[str, Any], tier: str) -> float | None:
+    """Output tokens/s of the step a tier's capacity was decided at (None: no capacity, or an older study)."""
+    capacity = attrs.get("capacity")
+    record = (capacity.get("tiers") or {}).get(tier) if isinstance(capacity, dict) else None
+    if not isinstance(record, dict) or not record.get("capacity_req_s"):
+        return None
+    steps: list[Any] = record["steps"] if isinstance(record.get("steps"), list) else []
+    at = next((s for s in steps if isinstance(s, dict) and s.get("passed")
+               and s.get("rate_req_s") == record["capacity_req_s"]), None)  # fmt: skip
+    value = at.get("output_throughput_tok_s") if at is not None else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
+
+
+def tok_s_per_gpu(attrs: Mapping[str, Any], tier: str) -> float | None:
+    """Output tokens/s per GPU at the tier's capacity."""
+    rate = tier_output_tok_s(attrs, tier)
+    return None if rate is None else rate / gpus_of(attrs)
+
+
+def usd_per_million_tokens(per_gpu_tok_s: float | None, price_usd_per_gpu_hour: float | None) -> float | None:
+    """Dollars per million output tokens at ``per_gpu_tok_s`` on a GPU priced per hour (None: unknown)."""
+    if per_gpu_tok_s is None or price_usd_per_gpu_hour is None or per_gpu_tok_s <= 0:
+        return None
+    return price_usd_per_gpu_hour / 3600.0 / per_gpu_tok_s * 1e6
+
+
+def cost_text(attrs: Mapping[str, Any], tier: str, price: float | None) -> str:
+    """``1234 tok/s per GPU, $0.56 per million output tokens at $2.50/GPU-hour``, or '' when unknown."""
+    per_gpu = tok_s_per_gpu(attrs, tier)
+    if per_gpu is None:
+        return ""
+    dollars = usd_per_million_tokens(per_gpu, price)
+    priced = f", ${dollars:.3g} per million output tokens at ${price:g}/GPU-hour" if dollars is not None else ""
+    return f"{per_gpu:.4g} tok/s per GPU{priced}"
