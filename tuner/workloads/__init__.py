@@ -17,7 +17,7 @@ from tuner.workloads import agent, chat, rag, structured
 from tuner.workloads.arrivals import Arrival, override
 from tuner.workloads.base import CHAT_ENDPOINT, Request, Workload, count_tokens, load_tokenizer
 from tuner.workloads.chat_format import check_template
-from tuner.workloads.preset import Preset, assemble
+from tuner.workloads.preset import Preset, assemble, grow
 from tuner.workloads.replay import build_trace
 from tuner.workloads.trace import Trace, read_trace
 
@@ -86,7 +86,12 @@ def build_workload(
     arrival = override(preset.arrival, concurrency, rate, burstiness)
     drafted = preset.make(tokenizer, seed, n_requests or default_requests(arrival), max_model_len, n_warmup)
 
+    built = list(drafted.requests)
+
     def grow_preset(n: int) -> tuple[Request, ...]:
+        if preset.make_range is not None:  # only the requests not built yet
+            built.extend(grow(preset, tokenizer, seed, max_model_len, built, n))
+            return tuple(built)
         return assemble(
             preset.name, seed, preset.make(tokenizer, seed, n, max_model_len, n_warmup), arrival, preset.slo
         ).requests

@@ -8,7 +8,10 @@ the arrival pattern the run uses: open-loop release times go on the first reques
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from tokenizers import Tokenizer
@@ -34,6 +37,9 @@ class Preset:
     # make(tokenizer, seed, n_requests, max_model_len, n_warmup)
     make: Callable[[Tokenizer, int, int, int, int], Drafted]
     tiers: Tiers = Tiers()  # the capacity objective's SLO tiers
+    # make_range(tokenizer, seed, start, stop, max_model_len): measured requests start..stop-1 alone, for
+    # a preset whose request i does not depend on the others (None: grow by building it all again)
+    make_range: Callable[[Tokenizer, int, int, int, int], list[Request]] | None = None
 
 
 def assemble(
@@ -81,3 +87,30 @@ def split_count(n_requests: int, turns: Sequence[int]) -> list[int]:
             break
         kept.append(min(n_turns, left))
     return kept
+
+
+PARALLEL_FROM = 256  # fewer new requests than this are built in this process: workers cost a second to start
+CHUNK = 128
+
+
+def grow(
+    preset: Preset, tokenizer: Tokenizer, seed: int, max_model_len: int, have: Sequence[Request], n: int
+) -> list[Request]:
+    """The measured requests ``len(have)`` to ``n`` (excluded) of a ``make_range`` preset, built in
+    worker processes when there are many: a GPU search at its capacity needs thousands a minute."""
+    assert preset.make_range is not None
+    start = len(have)
+    if n <= start:
+        return []
+    if n - start < PARALLEL_FROM:
+        return preset.make_range(tokenizer, seed, start, n, max_model_len)
+    bounds = [(a, min(a + CHUNK, n)) for a in range(start, n, CHUNK)]
+    workers = max(1, min(len(bounds), (os.cpu_count() or 1)))
+    context = multiprocessing.get_context("spawn")  # no fork of a process that runs threads
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        n_chunks = len(bounds)
+        starts, stops = [a for a, _ in bounds], [b for _, b in bounds]
+        parts = pool.map(
+            preset.make_range, [tokenizer] * n_chunks, [seed] * n_chunks, starts, stops, [max_model_len] * n_chunks
+        )
+        return [r for part in parts for r in part]

@@ -20,13 +20,16 @@ concurrency 4. SLOs: TTFT p95 <= 2000 ms, E2E p95 <= 3000 ms (GuideLLM's RAG gui
 
 When the model context cannot hold the longest prompt plus the output plus a margin, every input
 length (the preamble's included) is scaled down by one factor and one line says so on stderr.
-Measured requests are drawn before warmup requests, so changing ``n_warmup`` leaves them unchanged.
+Each request is drawn from a generator seeded by the preset's seed and its own id, so request i is the
+same in every build that holds it, whatever ``n_requests`` or ``n_warmup``: a capacity search grows the
+workload by building only the requests it lacks, in parallel (``tuner.workloads.preset.grow``).
 """
 
 from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
 
@@ -118,33 +121,56 @@ def _fit(fitter: Fitter, preamble: str, passages: list[list[str]], questions: li
     return best
 
 
-def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, n_warmup: int) -> Drafted:
+@dataclass(frozen=True)
+class _Index:
+    """What every request of one seed shares: the scaled preamble and the seeded popularity order."""
+
+    preamble: str
+    corpus: list[list[str]]
+    by_popularity: list[int]
+    cum_weights: list[float]
+    scale: float
+
+
+def _index(seed: int, max_model_len: int) -> _Index:
     scale = context_scale("rag", max_model_len, TARGET_HIGH, fixed=MAX_TOKENS)
     preamble_words = SYSTEM_PROMPT.split(" ")
     preamble = " ".join(preamble_words[: max(round(len(preamble_words) * scale), 1)])
     corpus = [passage.split() for passage in load_corpus()]
-    rng = random.Random(seed)
     by_popularity = list(range(len(corpus)))
-    rng.shuffle(by_popularity)  # which passages are popular depends on the seed
+    random.Random(seed).shuffle(by_popularity)  # which passages are popular depends on the seed
     cum_weights = list(accumulate(1.0 / rank**ZIPF_EXPONENT for rank in range(1, len(corpus) + 1)))
-    fitter = Fitter(tokenizer)
+    return _Index(preamble, corpus, by_popularity, cum_weights, scale)
 
-    def make(request_id: str) -> Request:
-        target = round(rng.uniform(TARGET_LOW, TARGET_HIGH) * scale)
-        ranks: list[int] = []
-        # every word is at least one token: this many words always reach the target
-        while len(ranks) < K_PASSAGES or sum(len(corpus[by_popularity[r]]) for r in ranks) < target:
-            (rank,) = rng.choices(range(len(corpus)), cum_weights=cum_weights)
-            if rank not in ranks:
-                ranks.append(rank)
-        passages = [corpus[by_popularity[rank]] for rank in sorted(ranks)]
-        fit = _fit(fitter, preamble, passages, _questions(rng, passages), target)
-        body = {"prompt": fit.text, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-        return Request(request_id, COMPLETIONS_ENDPOINT, body, fit.tokens, MAX_TOKENS)
 
-    requests = [make(f"r{i:04d}") for i in range(n_requests)]
-    warmup = [make(f"w{i:03d}") for i in range(n_warmup)]
-    low, high = round(TARGET_LOW * scale), round(TARGET_HIGH * scale)
+def _request(index: _Index, fitter: Fitter, seed: int, request_id: str) -> Request:
+    """One request: a pure function of the seed and its id, so any range of them can be built alone."""
+    rng = random.Random(f"rag:{seed}:{request_id}")
+    corpus = index.corpus
+    target = round(rng.uniform(TARGET_LOW, TARGET_HIGH) * index.scale)
+    ranks: list[int] = []
+    # every word is at least one token: this many words always reach the target
+    while len(ranks) < K_PASSAGES or sum(len(corpus[index.by_popularity[r]]) for r in ranks) < target:
+        (rank,) = rng.choices(range(len(corpus)), cum_weights=index.cum_weights)
+        if rank not in ranks:
+            ranks.append(rank)
+    passages = [corpus[index.by_popularity[rank]] for rank in sorted(ranks)]
+    fit = _fit(fitter, index.preamble, passages, _questions(rng, passages), target)
+    body = {"prompt": fit.text, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    return Request(request_id, COMPLETIONS_ENDPOINT, body, fit.tokens, MAX_TOKENS)
+
+
+def _make_range(tokenizer: Tokenizer, seed: int, start: int, stop: int, max_model_len: int) -> list[Request]:
+    """Measured requests ``start`` to ``stop`` (excluded), the same as in any build that holds them."""
+    index, fitter = _index(seed, max_model_len), Fitter(tokenizer)
+    return [_request(index, fitter, seed, f"r{i:04d}") for i in range(start, stop)]
+
+
+def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, n_warmup: int) -> Drafted:
+    index, fitter = _index(seed, max_model_len), Fitter(tokenizer)
+    requests = [_request(index, fitter, seed, f"r{i:04d}") for i in range(n_requests)]
+    warmup = [_request(index, fitter, seed, f"w{i:03d}") for i in range(n_warmup)]
+    low, high = round(TARGET_LOW * index.scale), round(TARGET_HIGH * index.scale)
     description = (
         f"RAG: shared preamble + up to {K_PASSAGES} Zipf-popular fixed passages + question; "
         f"input {low}-{high} tokens, output {MAX_TOKENS} tokens"
@@ -158,4 +184,4 @@ TIERS = Tiers(
     gpu={"interactive": Slo(ttft_p95_ms=200, tpot_p95_ms=6), "relaxed": Slo(ttft_p95_ms=1000, tpot_p95_ms=20)},
     cpu={"interactive": Slo(ttft_p95_ms=1000, tpot_p95_ms=60), "relaxed": Slo(ttft_p95_ms=4000, tpot_p95_ms=150)},
 )
-PRESET = Preset("rag", Arrival(concurrency=4), PRESET_SLO, _make, TIERS)
+PRESET = Preset("rag", Arrival(concurrency=4), PRESET_SLO, _make, TIERS, make_range=_make_range)

@@ -148,3 +148,22 @@ def test_load_tokenizer_errors_name_the_path(tmp_path: Path, tokenizer: Tokenize
         load_tokenizer(tmp_path)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     assert count_tokens(load_tokenizer(tmp_path), "hello world") == count_tokens(tokenizer, "hello world")
+
+
+def test_any_range_of_rag_requests_is_what_a_whole_build_holds(
+    tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Request i depends only on the seed and i: a capacity search grows the pool by building the
+    requests it lacks, in worker processes, and gets exactly what one build of them all would hold."""
+    from tuner.workloads import build_workload, preset
+
+    whole = build_workload("rag", tokenizer, seed=3, n_requests=14, max_model_len=2048).requests
+    small = build_workload("rag", tokenizer, seed=3, n_requests=4, max_model_len=2048)
+    monkeypatch.setattr(preset, "PARALLEL_FROM", 4)
+    monkeypatch.setattr(preset, "CHUNK", 3)
+    assert small.grow is not None
+    grown = small.grow(14)  # ten more, in four chunks over worker processes
+    assert [r.body for r in grown] == [r.body for r in whole] and [r.request_id for r in grown][-1] == "r0013"
+    assert len({r.body["prompt"] for r in grown}) == 14
+    other = build_workload("rag", tokenizer, seed=4, n_requests=4, max_model_len=2048).requests
+    assert [r.body for r in other] != [r.body for r in whole[:4]], "another seed, other requests"
