@@ -22,6 +22,7 @@ from tuner.search.plan import plan as make_plan
 from tuner.search.preview import preview
 from tuner.search.resolve import parse_slo_flags
 from tuner.search.run import SearchOptions, run_search
+from tuner.search.verify_server import verify_url
 from tuner.search.worker import fill_from_study
 from tuner.study.attrs import capacity_uncertainty
 from tuner.study.storage import given_url, load_existing, open_storage, redacted, storage_url
@@ -137,6 +138,36 @@ def _drive_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def verify(args: argparse.Namespace) -> int:
+    """The engine's own client at the claimed capacity and 1.2x it; exit 1 when the goal is not met."""
+    objective = "capacity" if args.tier else "capacity-pareto"
+    opts = _options(args, args.workload, objective=objective, tier=args.tier or "interactive",
+                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10)  # fmt: skip
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+    report = verify_url(opts, args.url, args.claimed_rate, args.tiers_for, args.duration_s, Progress(), args.out)
+    if args.json:
+        print(json.dumps(report, allow_nan=False))
+    else:
+        print("\n".join(_verify_lines(report)))
+    return 0 if all(all(r["goal_met"].values()) for r in report["runs"]) else 1
+
+
+def _verify_lines(report: dict[str, Any]) -> list[str]:
+    lines = [f"{report['url']} ({report['engine']} {report['engine_version']}), workload {report['workload']}, "
+             f"claimed {report['claimed_rate_req_s']:.4g} req/s; attainment by the engine's own client:"]  # fmt: skip
+    for run in report["runs"]:
+        lines += [f"  note: {note}" for note in run["notes"]]
+        for tier, v in run["tiers"].items():
+            others = "".join(f", {k} {v[k]}" for k in ("attainment_low", "attainment_high", "decision") if k in v)
+            goal = "met" if run["goal_met"][tier] else "missed"
+            lines.append(f"  {run['share']:g}x {run['rate_req_s']:.4g} req/s {tier}: {v['attainment']:.3f} of "
+                         f"{v['n_counted']} counted ({v['n_requests']} sent), target {v['target']:.2f}, "
+                         f"{'pass' if v['passed'] else 'fail'}{others}; goal {goal}")  # fmt: skip
+        lines.append(f"  counted at {run['share']:g}x: {next(iter(run['tiers'].values()))['counted']}")
+    return lines
+
+
 def plan(args: argparse.Namespace) -> int:
 
     source(args.workload)  # a preset name or a readable trace file
@@ -208,6 +239,7 @@ COMMANDS = {
     "check": check,
     "dashboard": dashboard,
     "workload": workload,
+    "verify": verify,
 }
 
 

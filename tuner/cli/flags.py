@@ -222,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     _workload_flags(sub.add_parser("workload", help=workload_help))
     _plan_flags(sub.add_parser("plan", help="print the commands N sampled trials would start; boots nothing"))
     _drive_flags(sub.add_parser("drive", help="measure a running OpenAI-compatible server with the trials' driver"))
+    _verify_flags(sub.add_parser("verify", help="check a claimed capacity with the engine's own benchmark client"))
     _study_commands(sub)
     return parser
 
@@ -267,6 +268,25 @@ def _drive_flags(r: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     _capacity_flags(r, worker=True)  # no --tier default: --capacity searches both tiers unless told
     r.add_argument("--json", action="store_true", help="print the metrics as one JSON object (null: undefined)")
+
+
+def _verify_flags(v: argparse.ArgumentParser) -> None:
+    v.add_argument("--url", required=True, help="the running server's base URL, e.g. http://127.0.0.1:8000")
+    v.add_argument("--workload", required=True, help="the workload the capacity was claimed for")
+    v.add_argument("--rate", type=_above_zero, required=True, dest="claimed_rate", help="the claimed capacity, req/s")
+    v.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the served folder)")
+    v.add_argument("--requests", type=_at_least(1), help="the request pool's size, as given to the search")
+    v.add_argument("--seed", type=_seed, default=0)
+    v.add_argument("--duration-s", type=_above_zero, help="seconds of load per rate (default: a trial's step)")
+    v.add_argument(
+        "--tiers-for", choices=("gpu", "cpu"), default="gpu",
+        help="the preset's tiers for a server on a GPU (default) or the vLLM CPU build",
+    )  # fmt: skip
+    _capacity_flags(v, worker=True)  # no --tier default: both tiers unless told
+    v.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    v.add_argument("--out", type=Path, help="keep the client's datasets, logs and results in this folder")
+    v.add_argument("--json", action="store_true", help="print the verdicts as one JSON object (null: undefined)")
+    v.set_defaults(concurrency=None, rate=None, burstiness=None)  # the workload's own arrivals are not used
 
 
 def _study_commands(sub: argparse._SubParsersAction[_Parser]) -> None:

@@ -27,12 +27,18 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
   schedule, and ``draft_slots(params)`` the scheduling slots a request's drafting takes under
   ``params`` (None: the engine does not say); ``tuner.search.rejections`` generalises such a
   rejection by them.
+* The engine's own benchmark client, for ``tuner verify``: ``bench_dataset(prompts)`` is the text
+  of a dataset file holding exactly those prompts, ``bench_argv(...)`` the client's command on it
+  (open loop, Poisson, greedy, ``ignore_eos``, one fixed output length), and ``bench_rows(result)``
+  turns the client's per-request output into request rows (``BenchRows``). An engine without one
+  leaves ``bench_module`` None and the three raise ``EnvironmentSetupError``.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -111,6 +117,47 @@ class LaunchSpec:
                 "port": self.port, "env": dict(self.env)}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class BenchRows:
+    """Request rows read from a benchmark client's per-request output, in the trial's row form
+    (``sent_s``, ``first_s``, ``done_s``: seconds since the run's first request; ``output_tokens``;
+    ``error``). ``timed`` is False when the client records no start times: every row is then sent
+    at 0, and no steady window can be cut from the run."""
+
+    rows: list[dict[str, Any]]
+    duration_s: float
+    timed: bool
+
+
+def sharegpt_dataset(prompts: Sequence[str]) -> str:
+    """A ShareGPT file of one human turn per prompt (the empty reply is never sent): the one dataset
+    form both engines' clients read with a fixed output length and no pandas."""
+    turns = [{"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": ""}]} for p in prompts]
+    return json.dumps(turns)
+
+
+def rows_from_lists(
+    ttfts: Sequence[float], itls: Sequence[Sequence[float]], output_lens: Sequence[int], errors: Sequence[str | None],
+    start_times: Sequence[float] | None,
+) -> BenchRows:  # fmt: skip
+    """Rows from a client's parallel per-request lists (seconds). A request ends at its first token
+    plus the sum of its inter-token gaps, so its TPOT is sum(itl) / (tokens - 1), as the client's
+    own TPOT is; one with an error or no first token failed."""
+    if not len(ttfts) == len(itls) == len(output_lens) == len(errors):
+        raise EnvironmentSetupError("the benchmark client's per-request lists differ in length")
+    origin = min(start_times) if start_times else 0.0
+    rows: list[dict[str, Any]] = []
+    for i, (ttft, gaps, tokens, error) in enumerate(zip(ttfts, itls, output_lens, errors, strict=True)):
+        sent = float(start_times[i]) - origin if start_times else 0.0
+        failed = bool(error) or not ttft
+        first = None if failed else sent + float(ttft)
+        done = None if first is None else first + float(sum(gaps))
+        rows.append({"sent_s": sent, "first_s": first, "done_s": done, "output_tokens": int(tokens or 0),
+                     "error": str(error) if failed else None})  # fmt: skip
+    ends = [r["done_s"] if r["done_s"] is not None else r["sent_s"] for r in rows]
+    return BenchRows(rows, max(ends, default=0.0), start_times is not None)
+
+
 class EngineAdapter(abc.ABC):
     """Builds commands for one engine and reads what it reports. See the module docstring."""
 
@@ -131,8 +178,31 @@ class EngineAdapter(abc.ABC):
     default_memory_fraction: float | None = None
     draft_slots_signature: str | None = None
 
+    bench_module: str | None = None  # the engine's own benchmark client, for ``tuner verify``
+    bench_max_prompt_tokens: int | None = None  # the client drops longer prompts from its dataset
+
     def kv_tokens_required(self, model: ModelSpec) -> int:
         return 1  # any positive KV pool
+
+    def bench_dataset(self, prompts: Sequence[str]) -> str:
+        self._no_bench()
+        return ""
+
+    def bench_argv(
+        self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,
+        n: int, output_len: int, seed: int,
+    ) -> list[str]:  # fmt: skip
+        """The client's command: ``n`` prompts of ``dataset`` in order where the client allows it, Poisson
+        at ``rate``, ``output_len`` tokens each (``ignore_eos``, temperature 0), per-request output to ``result``."""
+        self._no_bench()
+        return []
+
+    def bench_rows(self, result: Mapping[str, Any]) -> BenchRows:
+        self._no_bench()
+        return BenchRows([], 0.0, False)
+
+    def _no_bench(self) -> None:
+        raise EnvironmentSetupError(f"{self.name}: no benchmark client of the engine's own is known to the tuner")
 
     def draft_slots(self, params: Mapping[str, Any]) -> int | None:
         return None  # unknown: a rejection for draft slots is generalised only to the same draft

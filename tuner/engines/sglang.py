@@ -18,14 +18,30 @@ Parameter → flag mapping:
 
 ``--enable-metrics`` is always on (``/metrics`` exists only then). Readiness is
 ``/health_generate``, which answers 200 only once a generation ran.
+
+Benchmark client (``tuner verify``): ``python -m sglang.bench_serving --backend sglang-oai`` (the
+OpenAI completions endpoint the tuner drives) on a ShareGPT file with ``--sharegpt-output-len N``;
+ignore_eos is its default. Two limits of 0.5.23's client, read in ``sglang/benchmark``: its ShareGPT
+reader always shuffles (seeded by ``--seed``), so the prompts are the same but not in the same order,
+and ``--output-details`` writes ``ttfts``, ``itls``, ``output_lens``, ``errors`` but no start
+times, so its rows carry no send times (``BenchRows.timed`` False).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
+from tuner.engines.base import (
+    BenchRows,
+    Config,
+    Device,
+    EngineAdapter,
+    LaunchSpec,
+    ModelSpec,
+    rows_from_lists,
+    sharegpt_dataset,
+)
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
 
 
@@ -45,6 +61,25 @@ class SglangAdapter(EngineAdapter):
     ttft_histogram = "sglang:time_to_first_token_seconds"
     waiting_gauge = "sglang:num_queue_reqs"
     needs_gpu = True
+    bench_module = "sglang.bench_serving"
+
+    def bench_dataset(self, prompts: Sequence[str]) -> str:
+        return sharegpt_dataset(prompts)
+
+    def bench_argv(
+        self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,
+        n: int, output_len: int, seed: int,
+    ) -> list[str]:  # fmt: skip
+        return [
+            python, "-m", self.bench_module, "--backend", "sglang-oai", "--base-url", base_url, "--model", model,
+            "--tokenizer", tokenizer, "--dataset-name", "sharegpt", "--dataset-path", dataset,
+            "--sharegpt-output-len", str(output_len), "--temperature", "0", "--request-rate", f"{rate:.6g}",
+            "--num-prompts", str(n), "--warmup-requests", "0", "--seed", str(seed), "--disable-tqdm",
+            "--output-file", result, "--output-details",
+        ]  # fmt: skip
+
+    def bench_rows(self, result: Mapping[str, Any]) -> BenchRows:
+        return rows_from_lists(result["ttfts"], result["itls"], result["output_lens"], result["errors"], None)
 
     def launch(
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str

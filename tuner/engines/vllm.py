@@ -24,18 +24,43 @@ Draft slots: vLLM reserves the drafting's extra scheduling slots per request out
 whatever K and whichever draft; n-gram lookup takes none (``max_num_new_slots_for_drafting`` of
 0.32's ``SpeculativeConfig``). 0.26 reserves them for every sequence: on the H200 it refused a draft
 model at chunk 1024 at K = 1 as at K = 2, and left 1024 of chunk 2048 to schedule at every K.
+
+Benchmark client (``tuner verify``): ``vllm bench serve``, run as ``vllm.benchmarks.serve``'s own
+parser and main from the engine's Python (the ``vllm`` console script fails in the CPU build), on a
+ShareGPT file with ``--disable-shuffle --sharegpt-output-len N``: the same form on 0.26 and 0.32,
+where the ``custom`` JSONL dataset needs pandas, which the CPU build lacks. Its ShareGPT reader drops
+prompts over ``bench_max_prompt_tokens`` tokens. ``--save-detailed`` writes per-request
+``start_times``, ``ttfts``, ``itls``, ``output_lens`` and ``errors``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
+from tuner.engines.base import (
+    BenchRows,
+    Config,
+    Device,
+    EngineAdapter,
+    LaunchSpec,
+    ModelSpec,
+    rows_from_lists,
+    sharegpt_dataset,
+)
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
 
 VLLM_DEFAULT_MEMORY_FRACTION = 0.92
+# ``vllm bench serve`` through its module's own parser: ``python -c BENCH_SERVE [flags]``
+BENCH_SERVE = (
+    "import argparse, sys\n"
+    "from vllm.benchmarks import serve\n"
+    "parser = argparse.ArgumentParser()\n"
+    "serve.add_cli_args(parser)\n"
+    "serve.main(parser.parse_args(sys.argv[1:]))\n"
+)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -56,6 +81,30 @@ class VllmAdapter(EngineAdapter):
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
     # the refusal's count is 0; the same words with a positive count are only a warning on a server that boots
     draft_slots_signature = r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
+
+    bench_module = "vllm.benchmarks.serve"
+    bench_max_prompt_tokens = 1024  # its ShareGPT reader's is_valid_sequence drops longer prompts
+
+    def bench_dataset(self, prompts: Sequence[str]) -> str:
+        return sharegpt_dataset(prompts)
+
+    def bench_argv(
+        self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,
+        n: int, output_len: int, seed: int,
+    ) -> list[str]:  # fmt: skip
+        out = Path(result)
+        return [
+            python, "-c", BENCH_SERVE, "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
+            "--model", model, "--tokenizer", tokenizer, "--dataset-name", "sharegpt", "--dataset-path", dataset,
+            "--disable-shuffle", "--sharegpt-output-len", str(output_len), "--no-oversample", "--ignore-eos",
+            "--temperature", "0", "--request-rate", f"{rate:.6g}", "--burstiness", "1.0", "--num-prompts", str(n),
+            "--num-warmups", "0", "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name,
+        ]  # fmt: skip
+
+    def bench_rows(self, result: Mapping[str, Any]) -> BenchRows:
+        return rows_from_lists(result["ttfts"], result["itls"], result["output_lens"], result["errors"],
+                               result["start_times"])  # fmt: skip
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         # "To serve at least one request with the model's max seq len": vLLM refuses to start below it

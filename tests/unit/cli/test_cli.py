@@ -234,3 +234,20 @@ def test_check_of_a_json_file_that_is_not_a_manifest(capsys: pytest.CaptureFixtu
     manifest.write_text('{"argv": ["--model", "/m"]}\n')
     assert main(["check", str(manifest)]) != 0
     _one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--rate", "0"], "argument --rate: must be above 0"),
+        (["--rate", "-3"], "argument --rate: must be above 0"),
+        (["--rate", "2"], "no OpenAI-compatible /v1/models there"),
+    ],
+)
+def test_verify_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], _isolated: Path, extra: list[str], said: str
+) -> None:
+    """A rate of no load, or a URL with no server (port 9 is discard, nothing listens there)."""
+    assert main(["verify", "--url", "http://127.0.0.1:9", "--workload", "rag", *extra]) == 2
+    assert said in _one_line(capsys)
+    _nothing_written(_isolated)

@@ -1,0 +1,68 @@
+"""``tuner verify``'s client commands through the engines' own benchmark parsers, in their environments.
+
+vLLM: ``vllm.benchmarks.serve.add_cli_args`` (what ``vllm bench serve`` parses with) on the CPU build
+here; 0.26's flags are the ones its H200 capture's Namespace line shows (tests/data/captures/README.md).
+SGLang 0.5.23 cannot serve on this machine, but its ``sglang.bench_serving`` parser runs: its
+``cli_main`` is called with ``run_benchmark`` replaced, so the parsed namespace is read and nothing is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from tuner.engines import ADAPTERS
+from tuner.engines.env import probe
+from tuner.engines.vllm import BENCH_SERVE
+
+PARSE = {
+    "vllm": (
+        "import argparse, json, sys\n"
+        "from vllm.benchmarks import serve\n"
+        "parser = argparse.ArgumentParser()\n"
+        "serve.add_cli_args(parser)\n"
+        "args = vars(parser.parse_args(json.loads(sys.stdin.read())))\n"
+        "print(json.dumps({k: v for k, v in args.items() if isinstance(v, (str, int, float, bool))}))\n"
+    ),
+    "sglang": (
+        "import json, sys\n"
+        "from sglang.benchmark import serving\n"
+        "got = {}\n"
+        "serving.run_benchmark = lambda args: got.update(vars(args))\n"
+        "sys.argv = ['bench_serving', *json.loads(sys.stdin.read())]\n"
+        "serving.cli_main()\n"
+        "print(json.dumps(got, default=str))\n"
+    ),
+}
+# what each client must be told, as the parsed namespace says it
+EXPECTED: dict[str, dict[str, Any]] = {
+    "vllm": {"dataset_name": "sharegpt", "disable_shuffle": True, "sharegpt_output_len": 48, "ignore_eos": True,
+             "temperature": 0.0, "request_rate": 2.5, "burstiness": 1.0, "num_prompts": 30, "seed": 0,
+             "save_detailed": True, "save_result": True, "endpoint": "/v1/completions", "num_warmups": 0,
+             "tokenizer": "/m/folder", "model": "served-name", "no_oversample": True,
+             "result_dir": "/tmp/x", "result_filename": "r.json"},
+    "sglang": {"backend": "sglang-oai", "dataset_name": "sharegpt", "sharegpt_output_len": 48, "temperature": 0.0,
+               "request_rate": 2.5, "num_prompts": 30, "seed": 0, "output_details": True,
+               "output_file": "/tmp/x/r.json", "warmup_requests": 0, "disable_ignore_eos": False,
+               "tokenizer": "/m/folder", "model": "served-name"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_the_client_argv_parses_to_what_verify_means(name: str) -> None:
+    adapter = ADAPTERS[name]()
+    env = probe(adapter)
+    argv = adapter.bench_argv(env.python, "http://127.0.0.1:8000", "served-name", "/m/folder", "/tmp/x/d.json",
+                              "/tmp/x/r.json", 2.5, 30, 48, 0)  # fmt: skip
+    assert argv[0] == env.python
+    flags = argv[3:]  # after python -c BENCH_SERVE, or python -m module
+    assert argv[1:3] == (["-c", BENCH_SERVE] if name == "vllm" else ["-m", "sglang.bench_serving"])
+    done = subprocess.run([env.python, "-c", PARSE[name]], input=json.dumps(flags), capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    parsed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {key: parsed[key] for key in EXPECTED[name]} == EXPECTED[name]
+    assert parsed["dataset_path"] == "/tmp/x/d.json" and parsed["base_url"] == "http://127.0.0.1:8000"
