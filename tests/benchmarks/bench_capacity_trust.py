@@ -78,7 +78,7 @@ def drive(code: Path, url: str, model_dir: str) -> dict[str, Any]:
 def verify(url: str, model_dir: str, rate: float) -> dict[str, Any] | None:
     """``tuner verify`` at ``rate`` (1x and 1.2x), or None where this checkout has no such command."""
     args = [sys.executable, "-m", "tuner", "verify", "--url", url, "--workload", "rag", "--model", model_dir,
-            "--rate", f"{rate:.6g}", "--tier", "interactive", "--json"]  # fmt: skip
+            "--rate", f"{rate:.6g}", "--tier", "interactive", "--tiers-for", "cpu", "--json"]  # fmt: skip
     if subprocess.run([*args[:4], "--help"], capture_output=True).returncode != 0:
         return None
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=SEARCH_TIMEOUT_S)
