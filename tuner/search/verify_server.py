@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import optuna
 
+from tuner.deploy.export import stored_launch
 from tuner.engines import ADAPTERS
-from tuner.engines.base import Device, EngineAdapter
+from tuner.engines.base import Device, EngineAdapter, LaunchSpec
 from tuner.engines.env import probe
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, ExportError
+from tuner.measure.process import ServerProcess, free_port
 from tuner.measure.rate_steps import step_requests
 from tuner.measure.trial import identify_server, reset_prefix_cache
 from tuner.measure.verify import MAX_EXTRA_S, client_requests, judge, read_result, run_client
@@ -30,12 +33,11 @@ from tuner.progress import Progress
 from tuner.search.drive_server import drive_model, served_model
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import capacity_plan, resolve_workload
+from tuner.study.attrs import study_attrs_of, trial_attrs
 from tuner.workloads import source
 from tuner.workloads.base import Request
 
-Tiers = Mapping[str, Mapping[str, float]]
-
-__all__ = ["GOAL_SLACK", "OVER_SHARE", "verify_url"]
+__all__ = ["GOAL_SLACK", "OVER_SHARE", "Claim", "trial_claims", "verify_claims", "verify_trial", "verify_url"]
 
 OVER_SHARE = 1.2  # the second rate, as a share of the claim: attainment must fall below the target there
 GOAL_SLACK = 0.05  # at the claim, attainment may be this far below the target
@@ -45,9 +47,19 @@ def verify_url(
     opts: SearchOptions, url: str, rate: float, tiers_for: str, duration_s: float | None, progress: Progress,
     work_dir: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run the engine's client at ``rate`` and ``OVER_SHARE * rate`` on the server at ``url``."""
+    """Run the engine's client at ``rate`` and ``OVER_SHARE * rate`` on the server at ``url``, every
+    scored tier judged at that one claim."""
     if not rate > 0:
         raise ConfigError(f"--rate {rate}: a claimed capacity must be above 0 req/s")
+    return verify_claims(opts, url, None, rate, tiers_for, duration_s, progress, work_dir)
+
+
+def verify_claims(
+    opts: SearchOptions, url: str, claims: Mapping[str, Claim] | None, rate: float | None, tiers_for: str,
+    duration_s: float | None, progress: Progress, work_dir: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Each tier's claim (``claims``: a trial's own rate, SLO and target per tier; None: ``rate`` for
+    every scored tier of the options' plan) at 1x and ``OVER_SHARE`` x, one client run per rate."""
     url = url.rstrip("/")
     given = source(opts.workload)
     device = Device("cpu" if tiers_for == "cpu" else "cuda", url, 0)
@@ -65,18 +77,35 @@ def verify_url(
         assert plan is not None  # opts.objective is a capacity objective
         if duration_s is not None:
             plan = dataclasses.replace(plan, min_step_s=duration_s)
-        tiers = {name: plan.tiers[name] for name in plan.scored}
+        if claims is None:
+            assert rate is not None
+            claims = {name: Claim(rate, dict(plan.tiers[name]), plan.target) for name in plan.scored}
+        by_rate: dict[float, dict[str, Claim]] = {}
+        for tier, claim in claims.items():
+            by_rate.setdefault(claim.rate_req_s, {})[tier] = claim
         with tempfile.TemporaryDirectory(prefix="tuner-verify-") as scratch:
             run = _Run(adapter, env.python, url, served.name, model.path, work_dir or Path(scratch), opts.seed)
             runs = []
-            for share in (1.0, OVER_SHARE):
-                reset = reset_prefix_cache(client, url, adapter)  # each rate starts as cold as a trial's step
-                pool = step_requests(workload.requests, rate * share, plan)
-                progress.line(f"{share:g}x the claim: {rate * share:.4g} req/s, {adapter.name}'s own client")
-                runs.append(run.at(share, rate * share, pool, tiers, plan.target) | {"prefix_cache_reset": reset})
+            for claimed, tiers in by_rate.items():
+                for share in (1.0, OVER_SHARE):
+                    reset = reset_prefix_cache(client, url, adapter)  # each rate starts as cold as a trial's step
+                    pool = step_requests(workload.requests, claimed * share, plan)
+                    progress.line(f"{share:g}x {claimed:.4g}: {claimed * share:.4g} req/s, {adapter.name}'s own client")
+                    found = run.at(share, claimed * share, pool, tiers)
+                    runs.append({"claimed_rate_req_s": claimed, **found, "prefix_cache_reset": reset})
     return {"url": url, "model": served.name, "engine": owner, "engine_version": env.version,
             "workload": workload.name, "workload_digest": workload.digest(), "tokenizer": model.path,
-            "claimed_rate_req_s": rate, "target": plan.target, "goal_slack": GOAL_SLACK, "runs": runs}  # fmt: skip
+            "claims": {t: dataclasses.asdict(c) for t, c in claims.items()}, "goal_slack": GOAL_SLACK,
+            "runs": runs}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One tier's claimed capacity, with the SLO and attainment target it was claimed under."""
+
+    rate_req_s: float
+    slo: dict[str, float]
+    target: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +120,7 @@ class _Run:
     where: Path
     seed: int
 
-    def at(self, share: float, rate: float, pool: list[Request], tiers: Tiers, target: float) -> dict[str, Any]:
+    def at(self, share: float, rate: float, pool: list[Request], claims: Mapping[str, Claim]) -> dict[str, Any]:
         chosen = client_requests(pool, self.adapter)
         dataset, result = self.where / f"dataset-{share:g}x.json", self.where / f"result-{share:g}x.json"
         dataset.write_text(self.adapter.bench_dataset(chosen.prompts))
@@ -99,11 +128,62 @@ class _Run:
         argv = self.adapter.bench_argv(self.python, self.url, self.served, self.tokenizer, str(dataset), str(result),
                                        rate, n, chosen.output_len, self.seed)  # fmt: skip
         run_client(argv, self.where / f"client-{share:g}x.log", timeout_s=n / rate + MAX_EXTRA_S)
-        verdicts = judge(rate, read_result(result, self.adapter), tiers, target)
-        goal = {tier: _goal(share, v["attainment"], target) for tier, v in verdicts.items()}
+        bench = read_result(result, self.adapter)
+        verdicts = {tier: judge(rate, bench, {tier: c.slo}, c.target)[tier] for tier, c in claims.items()}
+        goal = {tier: _goal(share, v["attainment"], claims[tier].target) for tier, v in verdicts.items()}
         return {"share": share, "rate_req_s": rate, "argv": argv, "notes": chosen.notes, "tiers": verdicts,
                 "goal_met": goal}  # fmt: skip
 
 
 def _goal(share: float, attainment: float, target: float) -> bool:
     return attainment >= target - GOAL_SLACK if share == 1.0 else attainment < target
+
+
+def trial_claims(trial: optuna.trial.FrozenTrial) -> dict[str, Claim]:
+    """Each tier's capacity the trial recorded (``capacity`` attribute), with its SLO and target; a
+    tier it found no capacity for (0 req/s) has nothing to verify."""
+    tiers = (trial_attrs(trial).get("capacity") or {}).get("tiers") or {}
+    claims = {tier: Claim(float(found["capacity_req_s"]), dict(found["slo"]), float(found["target"]))
+              for tier, found in tiers.items() if float(found.get("capacity_req_s") or 0) > 0}  # fmt: skip
+    if not claims:
+        raise ConfigError(f"--trial {trial.number}: it recorded no capacity above 0 req/s to verify")
+    return claims
+
+
+def verify_trial(
+    study: optuna.Study, number: int, opts: SearchOptions, tier: str | None, duration_s: float | None,
+    progress: Progress, work_dir: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Boot the trial's recorded launch on a free port (``ServerProcess``: stopped, its whole group,
+    on any exit), and verify each tier's recorded capacity on it."""
+    trial = next((t for t in study.trials if t.number == number), None)
+    if trial is None:
+        raise ConfigError(f"--trial {number}: study {study.study_name!r} has no such trial")
+    claims = trial_claims(trial)
+    if tier is not None:
+        if tier not in claims:
+            raise ConfigError(f"--tier {tier}: trial {number} recorded no {tier} capacity")
+        claims = {tier: claims[tier]}
+    try:
+        launch = stored_launch(trial)
+    except ExportError as exc:
+        raise ConfigError(str(exc)) from exc
+    engine = str(trial_attrs(trial).get("engine") or "")
+    if engine not in ADAPTERS:
+        raise ConfigError(f"--trial {number}: recorded engine {engine!r} is none the tuner knows")
+    adapter = ADAPTERS[engine]()
+    # the client runs from the environment the trial's server ran from, unless told otherwise
+    opts = dataclasses.replace(opts, engine_envs={engine: str(launch["python"]), **opts.engine_envs})
+    spec = LaunchSpec(engine=engine, python=str(launch["python"]), module=str(launch["module"]),
+                      args=tuple(str(a) for a in launch["args"]), host="127.0.0.1", port=free_port(),
+                      env=dict(launch.get("env") or {}), health_path=adapter.health_path,
+                      served_model=str(launch["args"][1]), ready_line=adapter.ready_line)  # fmt: skip
+    kind = (study_attrs_of(study).get("hardware") or {}).get("kind", "cuda")
+    with tempfile.TemporaryDirectory(prefix="tuner-verify-boot-") as scratch:
+        log = (work_dir or Path(scratch)) / f"server-trial{number}.log"
+        with ServerProcess(spec, log) as server:
+            progress.line(f"trial {number}: booting its {engine} launch on port {spec.port}")
+            server.wait_ready(opts.boot_deadline_s)
+            report = verify_claims(opts, server.base_url, claims, None, "cpu" if kind == "cpu" else "gpu",
+                                   duration_s, progress, work_dir)  # fmt: skip
+    return {"study": study.study_name, "trial": number, **report}
