@@ -122,12 +122,13 @@ class _Run:
 
     def at(self, share: float, rate: float, pool: list[Request], claims: Mapping[str, Claim]) -> dict[str, Any]:
         chosen = client_requests(pool, self.adapter)
-        dataset, result = self.where / f"dataset-{share:g}x.json", self.where / f"result-{share:g}x.json"
+        name = f"at-{rate:.4g}"  # one name per rate: a trial's tiers may claim different rates
+        dataset, result = self.where / f"dataset-{name}.json", self.where / f"result-{name}.json"
         dataset.write_text(self.adapter.bench_dataset(chosen.prompts))
         n = len(chosen.prompts)
         argv = self.adapter.bench_argv(self.python, self.url, self.served, self.tokenizer, str(dataset), str(result),
                                        rate, n, chosen.output_len, self.seed)  # fmt: skip
-        run_client(argv, self.where / f"client-{share:g}x.log", timeout_s=n / rate + MAX_EXTRA_S)
+        run_client(argv, self.where / f"client-{name}.log", timeout_s=n / rate + MAX_EXTRA_S)
         bench = read_result(result, self.adapter)
         verdicts = {tier: judge(rate, bench, {tier: c.slo}, c.target)[tier] for tier, c in claims.items()}
         goal = {tier: _goal(share, v["attainment"], claims[tier].target) for tier, v in verdicts.items()}
