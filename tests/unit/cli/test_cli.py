@@ -239,8 +239,8 @@ def test_check_of_a_json_file_that_is_not_a_manifest(capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        (["--rate", "0"], "--rate 0.0: a claimed capacity must be above 0"),
-        (["--rate", "-3"], "--rate -3.0: a claimed capacity must be above 0"),
+        (["--rate", "0"], "argument --rate: must be above 0, got 0"),
+        (["--rate", "-3"], "argument --rate: must be above 0, got -3"),
         (["--rate", "2"], "no OpenAI-compatible /v1/models there"),
     ],
 )

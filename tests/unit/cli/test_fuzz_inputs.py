@@ -363,7 +363,7 @@ RANGES: dict[str, tuple[type[int] | type[float], Callable[[float], bool]]] = {
     "--seed": (int, lambda v: 0 <= v < 2**32), "--port": (int, lambda v: 1 <= v <= 65535),
     "--timeout": (float, lambda v: v > 0), "--rate": (float, lambda v: v > 0),
     "--resolution": (float, lambda v: v > 0), "--burstiness": (float, lambda v: v >= 1e-3),
-    "--attainment": (float, lambda v: 0 < v <= 1),
+    "--attainment": (float, lambda v: 0 < v <= 1), "--duration-s": (float, lambda v: v > 0),
 }  # fmt: skip
 EDGES = ["-1", "0", "1", "65535", "65536", "4294967295", "4294967296", "1e-3", "0.0009", "0.5", "1.5", "-0"]
 
@@ -407,6 +407,7 @@ BASE = {
     "drive": ["drive", "--workload", "rag", "--requests", "1"],  # --url: a closed port, --model: the fixture's
     "export": ["export", "--study", "nope", "--out", "launch"],
     "dashboard": ["dashboard", "--study", "nope"],  # no such study: never serves
+    "verify": ["verify", "--workload", "rag"],  # --url: a closed port, --model: the fixture's
 }
 
 
@@ -419,7 +420,7 @@ def test_fuzzed_numeric_flags(model: Path, tmp_path: Path) -> None:
     def prop(where: tuple[str, str], value: str) -> None:
         command, flag = where
         args = [*BASE[command], f"{flag}={value}"]
-        args += ["--url", url, "--model", str(model)] if command == "drive" else []
+        args += ["--url", url, "--model", str(model)] if command in ("drive", "verify") else []
         args += ["--model", str(model)] if command == "workload" else []
         if in_range(flag, value.strip()):  # accepted; what the commands do with such values is fuzzed above
             tally.tried, tally.worked = tally.tried + 1, tally.worked + 1
