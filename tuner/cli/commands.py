@@ -22,7 +22,7 @@ from tuner.search.plan import plan as make_plan
 from tuner.search.preview import preview
 from tuner.search.resolve import parse_slo_flags
 from tuner.search.run import SearchOptions, run_search
-from tuner.search.verify_server import verify_trial, verify_url
+from tuner.search.verify_server import verify_launch_file, verify_trial, verify_url
 from tuner.search.worker import fill_from_study
 from tuner.study.storage import given_url, load_existing, open_storage, redacted, storage_url
 from tuner.workloads import source
@@ -141,10 +141,15 @@ def verify(args: argparse.Namespace) -> int:
     if args.study is not None:
         report = _verify_trial(args)
     else:
-        if args.url is None or args.workload is None or args.claimed_rate is None:
-            raise ConfigError("verify: give --url URL --workload NAME --rate R, or --study NAME --trial N")
+        if (args.url is None) == (args.file is None) or args.workload is None or args.claimed_rate is None:
+            raise ConfigError("verify: give --url URL (or FILE) --workload NAME --rate R, or --study NAME --trial N")
         opts = _verify_options(args, args.workload)
-        report = verify_url(opts, args.url, args.claimed_rate, args.tiers_for, args.duration_s, Progress(), args.out)
+        if args.file is not None:
+            report = verify_launch_file(args.file, opts, args.claimed_rate, args.tiers_for, args.duration_s,
+                                        Progress(), args.out)  # fmt: skip
+        else:
+            report = verify_url(opts, args.url, args.claimed_rate, args.tiers_for, args.duration_s, Progress(),
+                                args.out)  # fmt: skip
     if args.json:
         print(json.dumps(report, allow_nan=False))
     else:
@@ -160,7 +165,7 @@ def _verify_options(args: argparse.Namespace, workload: str) -> SearchOptions:
 
 def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
     """A trial's claim and launch; the workload, seed, pool and model are the study's own."""
-    if args.trial is None or args.url is not None or args.claimed_rate is not None:
+    if args.trial is None or args.url is not None or args.file is not None or args.claimed_rate is not None:
         raise ConfigError("verify --study NAME: give --trial N, and neither --url nor --rate (the trial has both)")
     study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     given = study.user_attrs.get("options") or {}

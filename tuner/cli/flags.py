@@ -250,6 +250,7 @@ def _drive_flags(r: argparse.ArgumentParser) -> None:
 
 
 def _verify_flags(v: argparse.ArgumentParser) -> None:
+    v.add_argument("file", nargs="?", type=Path, metavar="FILE", help="an exported launch file to boot and verify")
     v.add_argument("--url", help="a running server's base URL, e.g. http://127.0.0.1:8000 (with --workload, --rate)")
     v.add_argument("--workload", help="the workload the capacity was claimed for (with --url)")
     v.add_argument("--rate", type=_above_zero, dest="claimed_rate", help="the claimed capacity, req/s (with --url)")

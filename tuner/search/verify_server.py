@@ -21,6 +21,7 @@ import httpx
 import optuna
 
 from tuner.deploy.export import stored_launch
+from tuner.deploy.verify import read_launch_file
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Device, EngineAdapter, LaunchSpec
 from tuner.engines.env import probe
@@ -37,7 +38,16 @@ from tuner.study.attrs import study_attrs_of, trial_attrs
 from tuner.workloads import source
 from tuner.workloads.base import Request
 
-__all__ = ["GOAL_SLACK", "OVER_SHARE", "Claim", "trial_claims", "verify_claims", "verify_trial", "verify_url"]
+__all__ = [
+    "GOAL_SLACK",
+    "OVER_SHARE",
+    "Claim",
+    "trial_claims",
+    "verify_claims",
+    "verify_launch_file",
+    "verify_trial",
+    "verify_url",
+]
 
 OVER_SHARE = 1.2  # the second rate, as a share of the claim: attainment must fall below the target there
 GOAL_SLACK = 0.05  # at the claim, attainment may be this far below the target
@@ -175,16 +185,51 @@ def verify_trial(
     adapter = ADAPTERS[engine]()
     # the client runs from the environment the trial's server ran from, unless told otherwise
     opts = dataclasses.replace(opts, engine_envs={engine: str(launch["python"]), **opts.engine_envs})
-    spec = LaunchSpec(engine=engine, python=str(launch["python"]), module=str(launch["module"]),
-                      args=tuple(str(a) for a in launch["args"]), host="127.0.0.1", port=free_port(),
-                      env=dict(launch.get("env") or {}), health_path=adapter.health_path,
-                      served_model=str(launch["args"][1]), ready_line=adapter.ready_line)  # fmt: skip
     kind = (study_attrs_of(study).get("hardware") or {}).get("kind", "cuda")
-    with tempfile.TemporaryDirectory(prefix="tuner-verify-boot-") as scratch:
-        log = (work_dir or Path(scratch)) / f"server-trial{number}.log"
-        with ServerProcess(spec, log) as server:
-            progress.line(f"trial {number}: booting its {engine} launch on port {spec.port}")
-            server.wait_ready(opts.boot_deadline_s)
-            report = verify_claims(opts, server.base_url, claims, None, "cpu" if kind == "cpu" else "gpu",
-                                   duration_s, progress, work_dir)  # fmt: skip
+    spec = _spec(adapter, str(launch["python"]), str(launch["module"]), list(launch["args"]), launch.get("env"))
+    report = _boot_and_verify(spec, f"trial {number}", opts, claims, None, "cpu" if kind == "cpu" else "gpu",
+                              duration_s, progress, work_dir)  # fmt: skip
     return {"study": study.study_name, "trial": number, **report}
+
+
+def verify_launch_file(
+    path: Path, opts: SearchOptions, rate: float, tiers_for: str, duration_s: float | None, progress: Progress,
+    work_dir: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Boot an exported launch file's command (read back as ``tuner check`` reads it) on a free port
+    and verify ``rate`` on it; the engine's Python is the manifest's, else the engine environment's."""
+    if not rate > 0:
+        raise ConfigError(f"--rate {rate}: a claimed capacity must be above 0 req/s")
+    try:
+        module, args, python = read_launch_file(path)
+    except ExportError as exc:
+        raise ConfigError(str(exc)) from exc
+    engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
+    if engine is None:
+        raise ConfigError(f"{path}: runs {module!r}, no engine the tuner knows")
+    adapter = ADAPTERS[engine]()
+    if python is None:
+        python = probe(adapter, Path(opts.engine_envs[engine]) if engine in opts.engine_envs else None).python
+    opts = dataclasses.replace(opts, engine_envs={engine: python, **opts.engine_envs})
+    spec = _spec(adapter, python, module, args, None)
+    report = _boot_and_verify(spec, str(path), opts, None, rate, tiers_for, duration_s, progress, work_dir)
+    return {"launch_file": str(path), **report}
+
+
+def _spec(adapter: EngineAdapter, python: str, module: str, args: list[Any], env: Any) -> LaunchSpec:
+    return LaunchSpec(engine=adapter.name, python=python, module=module, args=tuple(str(a) for a in args),
+                      host="127.0.0.1", port=free_port(), env=dict(env or {}), health_path=adapter.health_path,
+                      served_model=str(args[1]), ready_line=adapter.ready_line)  # fmt: skip
+
+
+def _boot_and_verify(
+    spec: LaunchSpec, what: str, opts: SearchOptions, claims: Mapping[str, Claim] | None, rate: float | None,
+    tiers_for: str, duration_s: float | None, progress: Progress, work_dir: Path | None,
+) -> dict[str, Any]:  # fmt: skip
+    """``ServerProcess``: a free port, a log, and the whole process group stopped on any exit (Ctrl-C too)."""
+    with tempfile.TemporaryDirectory(prefix="tuner-verify-boot-") as scratch:
+        log = (work_dir or Path(scratch)) / "server.log"
+        with ServerProcess(spec, log) as server:
+            progress.line(f"{what}: booting its {spec.engine} command on port {spec.port}")
+            server.wait_ready(opts.boot_deadline_s)
+            return verify_claims(opts, server.base_url, claims, rate, tiers_for, duration_s, progress, work_dir)

@@ -286,3 +286,25 @@ def test_verify_of_a_trial_without_a_claim_is_one_line_and_exit_2(
 def test_verify_needs_a_url_and_rate_or_a_study_and_trial(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--url", "http://127.0.0.1:9", "--workload", "rag"]) == 2
     assert "--study NAME --trial N" in _one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("#!/usr/bin/env bash\necho hello\n", "no 'exec' line"),
+        ('#!/usr/bin/env bash\nexec "$P" -m http.server --model m\n', "runs 'http.server', no engine the tuner knows"),
+    ],
+)
+def test_verify_of_a_launch_file_no_engine_runs_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, said: str
+) -> None:
+    launch = tmp_path / "launch.sh"
+    launch.write_text(text)
+    assert main(["verify", str(launch), "--workload", "rag", "--rate", "1"]) == 2
+    assert said in _one_line(capsys)
+
+
+def test_verify_takes_a_url_or_a_launch_file_not_both(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["verify", str(tmp_path / "x.sh"), "--url", "http://127.0.0.1:9", "--workload", "rag",
+                 "--rate", "1"]) == 2  # fmt: skip
+    assert "--url URL (or FILE)" in _one_line(capsys)
