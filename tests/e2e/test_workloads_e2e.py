@@ -155,3 +155,23 @@ def test_tuner_drive_finds_the_capacity_of_a_running_server(server: Served, meas
     for s in tiers["interactive"]["steps"]:
         if s["rate_req_s"] in relaxed:
             assert relaxed[s["rate_req_s"]]["attainment"] >= s["attainment"]
+
+
+def test_tuner_verify_judges_vllm_bench_serve_output_like_a_step(server: Served) -> None:
+    """`tuner verify --url`: `vllm bench serve` at a claim and 1.2x it, each tier from its own per-request output."""
+    done = tuner("verify", "--url", server.base_url, "--workload", "rag", "--requests", "12", "--rate", "0.5",
+                 "--duration-s", "6", "--tiers-for", "cpu", "--json")  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: the goal was missed, said in the JSON
+    report = json.loads(done.stdout)
+    assert report["engine"] == "vllm" and {c["rate_req_s"] for c in report["claims"].values()} == {0.5}
+    runs = report["runs"]
+    assert [r["share"] for r in runs] == [1.0, 1.2] and [r["rate_req_s"] for r in runs] == [0.5, 0.6]
+    for run in runs:
+        assert "vllm.benchmarks" in run["argv"][2] and "--save-detailed" in run["argv"], "vLLM's own client ran"
+        assert run["prefix_cache_reset"] is True and run["notes"] == [], "rag is single-turn completions"
+        assert set(run["tiers"]) == {"interactive", "relaxed"}
+        for verdict in run["tiers"].values():
+            assert 0.0 <= verdict["attainment"] <= 1.0 and verdict["n_errors"] == 0
+            assert 0 < verdict["n_counted"] <= verdict["n_requests"] and verdict["ttft_p95_ms"] > 0
+        assert run["goal_met"].keys() == run["tiers"].keys()
+    assert done.returncode == (0 if all(all(r["goal_met"].values()) for r in runs) else 1)

@@ -22,7 +22,7 @@ from tuner.search.plan import plan as make_plan
 from tuner.search.preview import preview
 from tuner.search.resolve import parse_slo_flags
 from tuner.search.run import SearchOptions, run_search
-from tuner.search.verify_server import verify_url
+from tuner.search.verify_server import verify_launch_file, verify_trial, verify_url
 from tuner.search.worker import fill_from_study
 from tuner.study.attrs import capacity_uncertainty
 from tuner.study.storage import given_url, load_existing, open_storage, redacted, storage_url
@@ -140,12 +140,20 @@ def _drive_capacity(args: argparse.Namespace) -> int:
 
 def verify(args: argparse.Namespace) -> int:
     """The engine's own client at the claimed capacity and 1.2x it; exit 1 when the goal is not met."""
-    objective = "capacity" if args.tier else "capacity-pareto"
-    opts = _options(args, args.workload, objective=objective, tier=args.tier or "interactive",
-                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10)  # fmt: skip
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-    report = verify_url(opts, args.url, args.claimed_rate, args.tiers_for, args.duration_s, Progress(), args.out)
+    if args.study is not None:
+        report = _verify_trial(args)
+    else:
+        if (args.url is None) == (args.file is None) or args.workload is None or args.claimed_rate is None:
+            raise ConfigError("verify: give --url URL (or FILE) --workload NAME --rate R, or --study NAME --trial N")
+        opts = _verify_options(args, args.workload)
+        if args.file is not None:
+            report = verify_launch_file(args.file, opts, args.claimed_rate, args.tiers_for, args.duration_s,
+                                        Progress(), args.out)  # fmt: skip
+        else:
+            report = verify_url(opts, args.url, args.claimed_rate, args.tiers_for, args.duration_s, Progress(),
+                                args.out)  # fmt: skip
     if args.json:
         print(json.dumps(report, allow_nan=False))
     else:
@@ -153,15 +161,38 @@ def verify(args: argparse.Namespace) -> int:
     return 0 if all(all(r["goal_met"].values()) for r in report["runs"]) else 1
 
 
+def _verify_options(args: argparse.Namespace, workload: str) -> SearchOptions:
+    objective = "capacity" if args.tier else "capacity-pareto"
+    return _options(args, workload, objective=objective, tier=args.tier or "interactive",
+                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10)  # fmt: skip
+
+
+def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
+    """A trial's claim and launch; the workload, seed, pool and model are the study's own."""
+    if args.trial is None or args.url is not None or args.file is not None or args.claimed_rate is not None:
+        raise ConfigError("verify --study NAME: give --trial N, and neither --url nor --rate (the trial has both)")
+    study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
+    given = study.user_attrs.get("options") or {}
+    for key in ("seed", "requests", "model"):
+        if getattr(args, key) in (None, 0) and given.get(key) is not None:
+            setattr(args, key, given[key])
+    workload = args.workload or given.get("workload") or study.user_attrs.get("workload")
+    if not workload:
+        raise ConfigError(f"--study {args.study}: it records no workload; give --workload")
+    return verify_trial(study, args.trial, _verify_options(args, workload), args.tier, args.duration_s, Progress(),
+                        args.out)  # fmt: skip
+
+
 def _verify_lines(report: dict[str, Any]) -> list[str]:
-    lines = [f"{report['url']} ({report['engine']} {report['engine_version']}), workload {report['workload']}, "
-             f"claimed {report['claimed_rate_req_s']:.4g} req/s; attainment by the engine's own client:"]  # fmt: skip
+    lines = [f"{report['url']} ({report['engine']} {report['engine_version']}), workload {report['workload']}; "
+             "attainment by the engine's own client:"]  # fmt: skip
     for run in report["runs"]:
         lines += [f"  note: {note}" for note in run["notes"]]
         for tier, v in run["tiers"].items():
             others = "".join(f", {k} {v[k]}" for k in ("attainment_low", "attainment_high", "decision") if k in v)
             goal = "met" if run["goal_met"][tier] else "missed"
-            lines.append(f"  {run['share']:g}x {run['rate_req_s']:.4g} req/s {tier}: {v['attainment']:.3f} of "
+            at = f"{run['share']:g}x {run['claimed_rate_req_s']:.4g} = {run['rate_req_s']:.4g} req/s"
+            lines.append(f"  {at} {tier}: {v['attainment']:.3f} of "
                          f"{v['n_counted']} counted ({v['n_requests']} sent), target {v['target']:.2f}, "
                          f"{'pass' if v['passed'] else 'fail'}{others}; goal {goal}")  # fmt: skip
         lines.append(f"  counted at {run['share']:g}x: {next(iter(run['tiers'].values()))['counted']}")

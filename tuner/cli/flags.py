@@ -271,9 +271,13 @@ def _drive_flags(r: argparse.ArgumentParser) -> None:
 
 
 def _verify_flags(v: argparse.ArgumentParser) -> None:
-    v.add_argument("--url", required=True, help="the running server's base URL, e.g. http://127.0.0.1:8000")
-    v.add_argument("--workload", required=True, help="the workload the capacity was claimed for")
-    v.add_argument("--rate", type=_above_zero, required=True, dest="claimed_rate", help="the claimed capacity, req/s")
+    v.add_argument("file", nargs="?", type=Path, metavar="FILE", help="an exported launch file to boot and verify")
+    v.add_argument("--url", help="a running server's base URL, e.g. http://127.0.0.1:8000 (with --workload, --rate)")
+    v.add_argument("--workload", help="the workload the capacity was claimed for (with --url)")
+    v.add_argument("--rate", type=_above_zero, dest="claimed_rate", help="the claimed capacity, req/s (with --url)")
+    v.add_argument("--study", help="verify a trial of this study: its recorded capacity, its recorded launch")
+    v.add_argument("--storage", help="the study's storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)")
+    v.add_argument("--trial", type=_at_least(0), help="the trial's number (with --study)")
     v.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the served folder)")
     v.add_argument("--requests", type=_at_least(1), help="the request pool's size, as given to the search")
     v.add_argument("--seed", type=_seed, default=0)

@@ -18,11 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import optuna
 
+from tuner.deploy.export import stored_launch
+from tuner.deploy.verify import read_launch_file
 from tuner.engines import ADAPTERS
-from tuner.engines.base import Device, EngineAdapter
+from tuner.engines.base import Device, EngineAdapter, LaunchSpec
 from tuner.engines.env import probe
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, ExportError
+from tuner.measure.process import ServerProcess, free_port
 from tuner.measure.rate_steps import step_requests
 from tuner.measure.supply import RequestSupply
 from tuner.measure.trial import identify_server, reset_prefix_cache
@@ -31,12 +35,20 @@ from tuner.progress import Progress
 from tuner.search.drive_server import drive_model, served_model
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import capacity_plan, resolve_workload
+from tuner.study.attrs import study_attrs_of, trial_attrs
 from tuner.workloads import source
 from tuner.workloads.base import Request
 
-Tiers = Mapping[str, Mapping[str, float]]
-
-__all__ = ["GOAL_SLACK", "OVER_SHARE", "verify_url"]
+__all__ = [
+    "GOAL_SLACK",
+    "OVER_SHARE",
+    "Claim",
+    "trial_claims",
+    "verify_claims",
+    "verify_launch_file",
+    "verify_trial",
+    "verify_url",
+]
 
 OVER_SHARE = 1.2  # the second rate, as a share of the claim: attainment must fall below the target there
 GOAL_SLACK = 0.05  # at the claim, attainment may be this far below the target
@@ -46,9 +58,19 @@ def verify_url(
     opts: SearchOptions, url: str, rate: float, tiers_for: str, duration_s: float | None, progress: Progress,
     work_dir: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run the engine's client at ``rate`` and ``OVER_SHARE * rate`` on the server at ``url``."""
+    """Run the engine's client at ``rate`` and ``OVER_SHARE * rate`` on the server at ``url``, every
+    scored tier judged at that one claim."""
     if not rate > 0:
         raise ConfigError(f"--rate {rate}: a claimed capacity must be above 0 req/s")
+    return verify_claims(opts, url, None, rate, tiers_for, duration_s, progress, work_dir)
+
+
+def verify_claims(
+    opts: SearchOptions, url: str, claims: Mapping[str, Claim] | None, rate: float | None, tiers_for: str,
+    duration_s: float | None, progress: Progress, work_dir: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Each tier's claim (``claims``: a trial's own rate, SLO and target per tier; None: ``rate`` for
+    every scored tier of the options' plan) at 1x and ``OVER_SHARE`` x, one client run per rate."""
     url = url.rstrip("/")
     given = source(opts.workload)
     device = Device("cpu" if tiers_for == "cpu" else "cuda", url, 0)
@@ -65,23 +87,40 @@ def verify_url(
         plan = capacity_plan(opts, workload, device)
         assert plan is not None  # opts.objective is a capacity objective
         # one run per rate, as long as a trial's step may serve (or --duration-s), no looks: the client
-        # runs to its end; its requests come from one supply, so the two runs send distinct requests
+        # runs to its end; its requests come from one supply, so every run sends distinct requests
         plan = dataclasses.replace(
             plan, min_step_s=duration_s if duration_s is not None else plan.min_step_s * plan.step_limit, step_limit=1
         )
         supply = RequestSupply.of(workload)
-        tiers = {name: plan.tiers[name] for name in plan.scored}
+        if claims is None:
+            assert rate is not None
+            claims = {name: Claim(rate, dict(plan.tiers[name]), plan.target) for name in plan.scored}
+        by_rate: dict[float, dict[str, Claim]] = {}
+        for tier, claim in claims.items():
+            by_rate.setdefault(claim.rate_req_s, {})[tier] = claim
         with tempfile.TemporaryDirectory(prefix="tuner-verify-") as scratch:
             run = _Run(adapter, env.python, url, served.name, model.path, work_dir or Path(scratch), opts.seed)
             runs = []
-            for share in (1.0, OVER_SHARE):
-                reset = reset_prefix_cache(client, url, adapter)  # each rate starts as cold as a trial's step
-                pool, _ = step_requests(supply, rate * share, plan)
-                progress.line(f"{share:g}x the claim: {rate * share:.4g} req/s, {adapter.name}'s own client")
-                runs.append(run.at(share, rate * share, pool, tiers, plan.target) | {"prefix_cache_reset": reset})
+            for claimed, tiers in by_rate.items():
+                for share in (1.0, OVER_SHARE):
+                    reset = reset_prefix_cache(client, url, adapter)  # each rate starts as cold as a trial's step
+                    pool, _ = step_requests(supply, claimed * share, plan)
+                    progress.line(f"{share:g}x {claimed:.4g}: {claimed * share:.4g} req/s, {adapter.name}'s own client")
+                    found = run.at(share, claimed * share, pool, tiers)
+                    runs.append({"claimed_rate_req_s": claimed, **found, "prefix_cache_reset": reset})
     return {"url": url, "model": served.name, "engine": owner, "engine_version": env.version,
             "workload": workload.name, "workload_digest": workload.digest(), "tokenizer": model.path,
-            "claimed_rate_req_s": rate, "target": plan.target, "goal_slack": GOAL_SLACK, "runs": runs}  # fmt: skip
+            "claims": {t: dataclasses.asdict(c) for t, c in claims.items()}, "goal_slack": GOAL_SLACK,
+            "runs": runs}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One tier's claimed capacity, with the SLO and attainment target it was claimed under."""
+
+    rate_req_s: float
+    slo: dict[str, float]
+    target: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,19 +135,106 @@ class _Run:
     where: Path
     seed: int
 
-    def at(self, share: float, rate: float, pool: list[Request], tiers: Tiers, target: float) -> dict[str, Any]:
+    def at(self, share: float, rate: float, pool: list[Request], claims: Mapping[str, Claim]) -> dict[str, Any]:
         chosen = client_requests(pool, self.adapter)
-        dataset, result = self.where / f"dataset-{share:g}x.json", self.where / f"result-{share:g}x.json"
+        name = f"at-{rate:.4g}"  # one name per rate: a trial's tiers may claim different rates
+        dataset, result = self.where / f"dataset-{name}.json", self.where / f"result-{name}.json"
         dataset.write_text(self.adapter.bench_dataset(chosen.prompts))
         n = len(chosen.prompts)
         argv = self.adapter.bench_argv(self.python, self.url, self.served, self.tokenizer, str(dataset), str(result),
                                        rate, n, chosen.output_len, self.seed)  # fmt: skip
-        run_client(argv, self.where / f"client-{share:g}x.log", timeout_s=n / rate + MAX_EXTRA_S)
-        verdicts = judge(rate, read_result(result, self.adapter), tiers, target)
-        goal = {tier: _goal(share, v["attainment"], target) for tier, v in verdicts.items()}
+        run_client(argv, self.where / f"client-{name}.log", timeout_s=n / rate + MAX_EXTRA_S)
+        bench = read_result(result, self.adapter)
+        verdicts = {tier: judge(rate, bench, {tier: c.slo}, c.target)[tier] for tier, c in claims.items()}
+        goal = {tier: _goal(share, v["attainment"], claims[tier].target) for tier, v in verdicts.items()}
         return {"share": share, "rate_req_s": rate, "argv": argv, "notes": chosen.notes, "tiers": verdicts,
                 "goal_met": goal}  # fmt: skip
 
 
 def _goal(share: float, attainment: float, target: float) -> bool:
     return attainment >= target - GOAL_SLACK if share == 1.0 else attainment < target
+
+
+def trial_claims(trial: optuna.trial.FrozenTrial) -> dict[str, Claim]:
+    """Each tier's capacity the trial recorded (``capacity`` attribute), with its SLO and target; a
+    tier it found no capacity for (0 req/s) has nothing to verify."""
+    tiers = (trial_attrs(trial).get("capacity") or {}).get("tiers") or {}
+    claims = {tier: Claim(float(found["capacity_req_s"]), dict(found["slo"]), float(found["target"]))
+              for tier, found in tiers.items() if float(found.get("capacity_req_s") or 0) > 0}  # fmt: skip
+    if not claims:
+        raise ConfigError(f"--trial {trial.number}: it recorded no capacity above 0 req/s to verify")
+    return claims
+
+
+def verify_trial(
+    study: optuna.Study, number: int, opts: SearchOptions, tier: str | None, duration_s: float | None,
+    progress: Progress, work_dir: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Boot the trial's recorded launch on a free port (``ServerProcess``: stopped, its whole group,
+    on any exit), and verify each tier's recorded capacity on it."""
+    trial = next((t for t in study.trials if t.number == number), None)
+    if trial is None:
+        raise ConfigError(f"--trial {number}: study {study.study_name!r} has no such trial")
+    claims = trial_claims(trial)
+    if tier is not None:
+        if tier not in claims:
+            raise ConfigError(f"--tier {tier}: trial {number} recorded no {tier} capacity")
+        claims = {tier: claims[tier]}
+    try:
+        launch = stored_launch(trial)
+    except ExportError as exc:
+        raise ConfigError(str(exc)) from exc
+    engine = str(trial_attrs(trial).get("engine") or "")
+    if engine not in ADAPTERS:
+        raise ConfigError(f"--trial {number}: recorded engine {engine!r} is none the tuner knows")
+    adapter = ADAPTERS[engine]()
+    # the client runs from the environment the trial's server ran from, unless told otherwise
+    opts = dataclasses.replace(opts, engine_envs={engine: str(launch["python"]), **opts.engine_envs})
+    kind = (study_attrs_of(study).get("hardware") or {}).get("kind", "cuda")
+    spec = _spec(adapter, str(launch["python"]), str(launch["module"]), list(launch["args"]), launch.get("env"))
+    report = _boot_and_verify(spec, f"trial {number}", opts, claims, None, "cpu" if kind == "cpu" else "gpu",
+                              duration_s, progress, work_dir)  # fmt: skip
+    return {"study": study.study_name, "trial": number, **report}
+
+
+def verify_launch_file(
+    path: Path, opts: SearchOptions, rate: float, tiers_for: str, duration_s: float | None, progress: Progress,
+    work_dir: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Boot an exported launch file's command (read back as ``tuner check`` reads it) on a free port
+    and verify ``rate`` on it; the engine's Python is the manifest's, else the engine environment's."""
+    if not rate > 0:
+        raise ConfigError(f"--rate {rate}: a claimed capacity must be above 0 req/s")
+    try:
+        module, args, python = read_launch_file(path)
+    except ExportError as exc:
+        raise ConfigError(str(exc)) from exc
+    engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
+    if engine is None:
+        raise ConfigError(f"{path}: runs {module!r}, no engine the tuner knows")
+    adapter = ADAPTERS[engine]()
+    if python is None:
+        python = probe(adapter, Path(opts.engine_envs[engine]) if engine in opts.engine_envs else None).python
+    opts = dataclasses.replace(opts, engine_envs={engine: python, **opts.engine_envs})
+    spec = _spec(adapter, python, module, args, None)
+    report = _boot_and_verify(spec, str(path), opts, None, rate, tiers_for, duration_s, progress, work_dir)
+    return {"launch_file": str(path), **report}
+
+
+def _spec(adapter: EngineAdapter, python: str, module: str, args: list[Any], env: Any) -> LaunchSpec:
+    return LaunchSpec(engine=adapter.name, python=python, module=module, args=tuple(str(a) for a in args),
+                      host="127.0.0.1", port=free_port(), env=dict(env or {}), health_path=adapter.health_path,
+                      served_model=str(args[1]), ready_line=adapter.ready_line)  # fmt: skip
+
+
+def _boot_and_verify(
+    spec: LaunchSpec, what: str, opts: SearchOptions, claims: Mapping[str, Claim] | None, rate: float | None,
+    tiers_for: str, duration_s: float | None, progress: Progress, work_dir: Path | None,
+) -> dict[str, Any]:  # fmt: skip
+    """``ServerProcess``: a free port, a log, and the whole process group stopped on any exit (Ctrl-C too)."""
+    with tempfile.TemporaryDirectory(prefix="tuner-verify-boot-") as scratch:
+        log = (work_dir or Path(scratch)) / "server.log"
+        with ServerProcess(spec, log) as server:
+            progress.line(f"{what}: booting its {spec.engine} command on port {spec.port}")
+            server.wait_ready(opts.boot_deadline_s)
+            return verify_claims(opts, server.base_url, claims, rate, tiers_for, duration_s, progress, work_dir)

@@ -239,8 +239,8 @@ def test_check_of_a_json_file_that_is_not_a_manifest(capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        (["--rate", "0"], "argument --rate: must be above 0"),
-        (["--rate", "-3"], "argument --rate: must be above 0"),
+        (["--rate", "0"], "argument --rate: must be above 0, got 0"),
+        (["--rate", "-3"], "argument --rate: must be above 0, got -3"),
         (["--rate", "2"], "no OpenAI-compatible /v1/models there"),
     ],
 )
@@ -251,3 +251,60 @@ def test_verify_bad_input_is_one_line_and_exit_2(
     assert main(["verify", "--url", "http://127.0.0.1:9", "--workload", "rag", *extra]) == 2
     assert said in _one_line(capsys)
     _nothing_written(_isolated)
+
+
+def _study_with_trial(tmp_path: Path, attrs: dict[str, Any]) -> str:
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    study = optuna.create_study(study_name="v", storage=url)
+    trial = study.ask()
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, 1.0)
+    return url
+
+
+@pytest.mark.parametrize(
+    ("attrs", "trial", "said"),
+    [
+        ({}, "7", "--trial 7: study 'v' has no such trial"),
+        ({}, "0", "--trial 0: it recorded no capacity above 0 req/s"),
+        ({"capacity": {"tiers": {"interactive": {"capacity_req_s": 0.0, "slo": {}, "target": 0.9}}}}, "0",
+         "no capacity above 0"),
+    ],
+)  # fmt: skip
+def test_verify_of_a_trial_without_a_claim_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, attrs: dict[str, Any], trial: str, said: str
+) -> None:
+    url = _study_with_trial(tmp_path, attrs)
+    capsys.readouterr()
+    assert main(["verify", "--study", "v", "--storage", url, "--trial", trial, "--workload", "rag"]) == 2
+    assert said in _one_line(capsys)
+
+
+def test_verify_needs_a_url_and_rate_or_a_study_and_trial(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", "--url", "http://127.0.0.1:9", "--workload", "rag"]) == 2
+    assert "--study NAME --trial N" in _one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("#!/usr/bin/env bash\necho hello\n", "no 'exec' line"),
+        ('#!/usr/bin/env bash\nexec "$P" -m http.server --model m\n', "runs 'http.server', no engine the tuner knows"),
+    ],
+)
+def test_verify_of_a_launch_file_no_engine_runs_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, said: str
+) -> None:
+    launch = tmp_path / "launch.sh"
+    launch.write_text(text)
+    assert main(["verify", str(launch), "--workload", "rag", "--rate", "1"]) == 2
+    assert said in _one_line(capsys)
+
+
+def test_verify_takes_a_url_or_a_launch_file_not_both(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["verify", str(tmp_path / "x.sh"), "--url", "http://127.0.0.1:9", "--workload", "rag",
+                 "--rate", "1"]) == 2  # fmt: skip
+    assert "--url URL (or FILE)" in _one_line(capsys)

@@ -410,7 +410,7 @@ BASE = {
     "dashboard": ["dashboard", "--study", "nope"],  # no such study: never serves
     "trials": ["trials", "--study", "nope"],
     "report": ["report", "--study", "nope", "--out", "report"],
-    "verify": ["verify", "--workload", "rag", "--rate", "1"],  # --url: a closed port, --model: the fixture's
+    "verify": ["verify", "--workload", "rag"],  # --url: a closed port, --model: the fixture's
 }
 
 
