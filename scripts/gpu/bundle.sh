@@ -9,9 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-.gpubundle}
 PIECE=${PIECE:-52428800}  # 50 MiB: with the working tree (5.3 MiB on 2026-12-01, growing) and the tuner tarball under the 64 MiB a call carries
-for s in tuner vllm sglang; do cp "$B/sets/$s.txt" "scripts/gpu/wheels-$s.txt"; done
+# A set that download_bundle.sh left out (SETS="tuner vllm": no sglang) keeps its tracked wheels-*.txt
+# and travels empty: the stream then holds no SGLang wheels, only the B.DONE marker after A.DONE.
+for s in tuner vllm sglang; do [ ! -f "$B/sets/$s.txt" ] || cp "$B/sets/$s.txt" "scripts/gpu/wheels-$s.txt"; done
 sort -u "$B/sets/tuner.txt" "$B/sets/vllm.txt" > "$B/a.list"
-sort -u "$B/sets/sglang.txt" | comm -23 - "$B/a.list" > "$B/b.list"
+if [ -f "$B/sets/sglang.txt" ]; then sort -u "$B/sets/sglang.txt" | comm -23 - "$B/a.list"; fi > "$B/b.list"
 echo a > "$B/wheels/A.DONE"; echo b > "$B/wheels/B.DONE"
 rm -rf "$B/pieces"; mkdir -p "$B/pieces"
 cat "$B/a.list" <(echo A.DONE) "$B/b.list" <(echo B.DONE) > "$B/stream.list"

@@ -7,10 +7,12 @@
 # Each set is installed into its own --target folder on the machine (their pins conflict); the files
 # are pooled here so a wheel needed by two sets travels once. Set lists name the files actually
 # downloaded (pip may pick another manylinux tag of the same version, e.g. manylinux2014 for 2_28).
-# Usage: scripts/gpu/download_bundle.sh [BUNDLE_DIR]   (default .gpubundle, git-ignored)
+# Usage: [SETS="tuner vllm"] scripts/gpu/download_bundle.sh [BUNDLE_DIR]   (default .gpubundle, git-ignored)
+# SETS (default "vllm sglang tuner") names the sets to download; a lease that boots vLLM alone leaves sglang out.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-.gpubundle}
+SETS=${SETS:-vllm sglang tuner}
 REF=${REF:-../shared/reference}
 mkdir -p "$B/wheels" "$B/sets"
 PLAT=()
@@ -40,9 +42,9 @@ sniffio==1.3.1
 plotly==7.1.0
 narwhals==2.29.0
 EOF
-for set in vllm sglang tuner; do dl -r "$B/sets/$set.in"; done
+for set in $SETS; do dl -r "$B/sets/$set.in"; done
 
-python3 - "$B" <<'EOF'
+python3 - "$B" $SETS <<'EOF'
 import re, sys
 from pathlib import Path
 b = Path(sys.argv[1])
@@ -51,7 +53,7 @@ have = {}
 for w in sorted((b / "wheels").glob("*.whl")):
     name, version = w.name.split("-")[:2]
     have.setdefault((norm(name), version), w.name)
-for s in ("vllm", "sglang", "tuner"):
+for s in sys.argv[2:]:
     files = []
     for spec in (b / "sets" / f"{s}.in").read_text().split():
         name, version = spec.split("==")

@@ -5,6 +5,7 @@
 # Each set goes to its own folder with pip --no-index --no-deps --target (their pins conflict),
 # and each engine gets a wrapper $ENGINES/ENGINE/bin/python that sets PYTHONPATH to its folder
 # alone and execs the image's python3 (whose torch a --system-site-packages venv cannot see).
+# SETUP_ENGINES (default vllm,sglang): with vllm alone, SGLang is not installed (setup.done still comes).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/common.sh"
@@ -73,6 +74,10 @@ wait $p1 && PYTHONPATH="$PYDEPS/tuner" "$PY" -c "import optuna, pydantic, sqlalc
   && { log "$(cat "$STATE/tuner.probe")"; touch "$STATE/tuner.ok"; } || { log "tuner deps failed"; cat "$STATE/tuner.probe"; touch "$STATE/tuner.failed"; }
 wait $p2 && { wrapper vllm; probe vllm vllm; }
 wait_marker B
-install sglang && { wrapper sglang; probe sglang sglang; }
+# SETUP_ENGINES=vllm (inherited from recv.sh's caller) skips SGLang, for a bundle made without its set
+case ",${SETUP_ENGINES:-vllm,sglang}," in
+  *,sglang,*) install sglang && { wrapper sglang; probe sglang sglang; } ;;
+  *) log "sglang skipped (SETUP_ENGINES=$SETUP_ENGINES)" ;;
+esac
 touch "$STATE/setup.done"
 log "setup done"
