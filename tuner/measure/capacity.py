@@ -135,7 +135,8 @@ def attainment_interval(outcomes: Sequence[bool], z: float) -> tuple[float, floa
     z2 = z * z
     centre = (share + z2 / (2 * n_eff)) / (1 + z2 / n_eff)
     half = z / (1 + z2 / n_eff) * math.sqrt(share * (1 - share) / n_eff + z2 / (4 * n_eff * n_eff))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval holds the share; at 0 or 1 rounding alone could put an end a hair past it
+    return max(0.0, min(centre - half, share)), min(1.0, max(centre + half, share))
 
 
 def decide(low: float, high: float, target: float) -> str:

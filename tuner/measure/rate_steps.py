@@ -270,7 +270,8 @@ def measure_step(
     server = adapter.server_stats(before, after) if adapter is not None and before and after else {}
     decided = reason == DECIDED
     # served to its end: the requests released in its last ramp-up's length see the load thin out
-    full = (looks.warmup_s, max(schedule_s - looks.warmup_s, looks.warmup_s))
+    end = min(schedule_s - looks.warmup_s, duration)  # a step the monitor cut counts up to the cut
+    full = (looks.warmup_s, max(end, looks.warmup_s))
     window = looks.window_s if decided and looks.window_s is not None else full
     return Measured(
         rate, rows, gaps, duration, server, aborted=reason is not None and not decided,

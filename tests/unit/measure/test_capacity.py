@@ -363,6 +363,10 @@ def test_an_interval_decides_once_the_share_is_clearly_on_one_side() -> None:
     assert decide(*attainment_interval(_outcomes(400, 4), z), 0.9) == "fail"  # 75 %
     assert decide(*attainment_interval(_outcomes(12, 50), z), 0.9) == "undecided", "12 requests cannot tell"
     assert attainment_interval([], z) == (0.0, 1.0)
+    for outcomes in ([True] * 300, [False] * 300, [True] * 7):  # the ends hold the share exactly
+        low, high = attainment_interval(outcomes, z)
+        share = sum(outcomes) / len(outcomes)
+        assert low <= share <= high
     # more looks, each at a stricter level: the same requests decide later
     assert look_z(5) > look_z(3) > look_z(1)
 
