@@ -179,9 +179,11 @@ def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, 
 
 
 # Interactive: the first token within a blink and reading speed well above a reader's; relaxed: a
-# chat answer that starts within a second. On the CPU build, scaled to the generated model's speed.
+# chat answer that starts within a second. On the CPU build, scaled to the generated model's speed:
+# with every request of a search distinct, each prompt's passages are mostly prefilled anew there, so
+# the CPU build's interactive bounds leave room for that prefill (and the relaxed tier stays looser).
 TIERS = Tiers(
     gpu={"interactive": Slo(ttft_p95_ms=200, tpot_p95_ms=6), "relaxed": Slo(ttft_p95_ms=1000, tpot_p95_ms=20)},
-    cpu={"interactive": Slo(ttft_p95_ms=1000, tpot_p95_ms=60), "relaxed": Slo(ttft_p95_ms=4000, tpot_p95_ms=150)},
+    cpu={"interactive": Slo(ttft_p95_ms=2000, tpot_p95_ms=100), "relaxed": Slo(ttft_p95_ms=4000, tpot_p95_ms=150)},
 )
 PRESET = Preset("rag", Arrival(concurrency=4), PRESET_SLO, _make, TIERS, make_range=_make_range)
