@@ -26,7 +26,7 @@ from tuner.engines import ADAPTERS
 from tuner.engines import env as env_probe
 from tuner.errors import ExportError
 from tuner.naming import safe_name
-from tuner.study.attrs import constraint_violation, trial_attrs
+from tuner.study.attrs import constraint_violation, step_at_capacity, trial_attrs
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
 from tuner.version import __version__
@@ -103,9 +103,7 @@ def _capacity(attrs: dict[str, Any]) -> dict[str, Any]:
             "bracket_req_s": s.get("bracket_req_s"),
             "attainment_interval": s.get("attainment_interval"),
             # the step the capacity was decided at, so its attainment goes with its interval
-            "steps": [
-                x for x in s.get("steps") or [] if x.get("passed") and x.get("rate_req_s") == s.get("capacity_req_s")
-            ][:1],
+            "steps": [at] if (at := step_at_capacity(s)) is not None else [],
         }  # fmt: skip
         for tier, s in searched.items()
     }

@@ -2,12 +2,12 @@
 
 A step at a high rate needs more requests than a study's pool holds, and a pool cycled by every
 step re-sends the same prompts, which a server's prefix cache then serves from memory: capacity
-read that way is the capacity of a warmer workload than the user's (reports/capacity.md, "Distinct
-requests"). So a search takes its requests from one ``RequestSupply``: units (an independent request
-or a whole session) in workload order, none handed out twice, and a step gives back the units it
-never released. A preset grows on demand: the workload is rebuilt, deterministically, with twice as
-many requests, and the units already known must come back unchanged (presets draw each request after
-the one before it from one seeded generator). A trace is finite: once it is used up it is replayed
+read that way is the capacity of a warmer workload than the user's (reports/gpu-h200.md, the issue-24
+capacity check, measures searches with distinct requests). So a search takes its requests from one
+``RequestSupply``: units (an independent request or a whole session) in workload order, none handed
+out twice, and a step gives back the units it never released. A preset grows on demand
+(``Workload.grow``: ``rag`` builds only the requests it lacks, the others are rebuilt with twice as
+many), and the units already known must come back unchanged. A trace is finite: once it is used up it is replayed
 from its start with its order kept, under fresh request and session ids, and the supply counts the
 replayed requests so that each step can say so.
 """

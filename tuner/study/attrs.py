@@ -153,6 +153,14 @@ def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
             study.enqueue_trial({"engine": engine}, user_attrs={"config_kind": DEFAULT_KIND})
 
 
+def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The stored step a tier's capacity record (``CapacityResult.as_dict``) was decided at: the passing
+    step at its capacity (None: nothing passed, or a malformed record)."""
+    steps = tier.get("steps")
+    rows = [r for r in steps if isinstance(r, dict)] if isinstance(steps, list) else []
+    return next((r for r in rows if r.get("passed") and r.get("rate_req_s") == tier.get("capacity_req_s")), None)
+
+
 def capacity_uncertainty(tier: Mapping[str, Any]) -> str:
     """A tier's capacity record (``CapacityResult.as_dict``) in words: the bracket it was resolved in
     and the attainment interval at it, e.g. ``in [30.2, 33.1) req/s, attainment 0.95 [0.92, 0.97]``;
@@ -165,9 +173,7 @@ def capacity_uncertainty(tier: Mapping[str, Any]) -> str:
             f"in [{bracket[0]:.3g}, {high:.3g}) req/s" if isinstance(high, int | float) else "no rate above failed"
         )
     interval = tier.get("attainment_interval")
-    steps = tier.get("steps")
-    rows = [r for r in steps if isinstance(r, dict)] if isinstance(steps, list) else []
-    at = next((r for r in rows if r.get("passed") and r.get("rate_req_s") == tier.get("capacity_req_s")), None)
+    at = step_at_capacity(tier)
     if isinstance(interval, list | tuple) and len(interval) == 2 and all(isinstance(v, int | float) for v in interval):
         share = f"{at['attainment']:.2f} " if at is not None and isinstance(at.get("attainment"), int | float) else ""
         parts.append(f"attainment {share}[{interval[0]:.2f}, {interval[1]:.2f}]")

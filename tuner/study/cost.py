@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.study.attrs import step_at_capacity
+
 PRICE_ATTR = "gpu_price_usd_per_hour"  # the study attribute ``tuner search --gpu-price`` sets
 
 
@@ -31,9 +33,7 @@ def tier_output_tok_s(attrs: Mapping[str, Any], tier: str) -> float | None:
     record = (capacity.get("tiers") or {}).get(tier) if isinstance(capacity, dict) else None
     if not isinstance(record, dict) or not record.get("capacity_req_s"):
         return None
-    steps: list[Any] = record["steps"] if isinstance(record.get("steps"), list) else []
-    at = next((s for s in steps if isinstance(s, dict) and s.get("passed")
-               and s.get("rate_req_s") == record["capacity_req_s"]), None)  # fmt: skip
+    at = step_at_capacity(record)
     value = at.get("output_throughput_tok_s") if at is not None else None
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
 
