@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tuner.engines import ADAPTERS
+from tuner.engines.base import sharegpt_dataset
 from tuner.engines.env import probe
-from tuner.engines.vllm import BENCH_SERVE
+from tuner.engines.models import default_models
+from tuner.engines.vllm import BENCH_DATASET, BENCH_SERVE
 
 PARSE = {
     "vllm": (
@@ -25,7 +28,7 @@ PARSE = {
         "parser = argparse.ArgumentParser()\n"
         "serve.add_cli_args(parser)\n"
         "args = vars(parser.parse_args(json.loads(sys.stdin.read())))\n"
-        "print(json.dumps({k: v for k, v in args.items() if isinstance(v, (str, int, float, bool))}))\n"
+        "print(json.dumps({k: v for k, v in args.items() if v is None or isinstance(v, (str, int, float, bool))}))\n"
     ),
     "sglang": (
         "import json, sys\n"
@@ -39,7 +42,7 @@ PARSE = {
 }
 # what each client must be told, as the parsed namespace says it
 EXPECTED: dict[str, dict[str, Any]] = {
-    "vllm": {"dataset_name": "sharegpt", "disable_shuffle": True, "sharegpt_output_len": 48, "ignore_eos": True,
+    "vllm": {"dataset_name": "sharegpt", "disable_shuffle": True, "sharegpt_output_len": None, "ignore_eos": True,
              "temperature": 0.0, "request_rate": 2.5, "burstiness": 1.0, "num_prompts": 30, "seed": 0,
              "save_detailed": True, "save_result": True, "endpoint": "/v1/completions", "num_warmups": 0,
              "tokenizer": "/m/folder", "model": "served-name", "no_oversample": True,
@@ -56,7 +59,8 @@ def test_the_client_argv_parses_to_what_verify_means(name: str) -> None:
     adapter = ADAPTERS[name]()
     env = probe(adapter)
     argv = adapter.bench_argv(env.python, "http://127.0.0.1:8000", "served-name", "/m/folder", "/tmp/x/d.json",
-                              "/tmp/x/r.json", 2.5, 30, 48, 0)  # fmt: skip
+                              "/tmp/x/r.json", 2.5, 30, None if ADAPTERS[name].bench_own_output_lens else 48,
+                              0)  # fmt: skip
     assert argv[0] == env.python
     flags = argv[3:]  # after python -c BENCH_SERVE, or python -m module
     assert argv[1:3] == (["-c", BENCH_SERVE] if name == "vllm" else ["-m", "sglang.bench_serving"])
@@ -66,3 +70,30 @@ def test_the_client_argv_parses_to_what_verify_means(name: str) -> None:
     parsed = json.loads(done.stdout.strip().splitlines()[-1])
     assert {key: parsed[key] for key in EXPECTED[name]} == EXPECTED[name]
     assert parsed["dataset_path"] == "/tmp/x/d.json" and parsed["base_url"] == "http://127.0.0.1:8000"
+
+
+# vLLM's real ShareGPT reader, as BENCH_SERVE leaves it: it keeps a prompt over its own 1024-token
+# filter and gives each request its entry's length, in the file's order
+SAMPLE = BENCH_DATASET + (
+    "import json, sys\n"
+    "from transformers import AutoTokenizer\n"
+    "path, model = sys.argv[1:]\n"
+    "reader = datasets.ShareGPTDataset(dataset_path=path, random_seed=0, disable_shuffle=True)\n"
+    "samples = reader.sample(AutoTokenizer.from_pretrained(model), num_requests=3, output_len=None, "
+    "no_oversample=True)\n"
+    "print(json.dumps([[s.prompt, s.prompt_len, s.expected_output_len] for s in samples]))\n"
+)
+
+
+def test_vllm_client_reads_every_prompt_at_its_own_output_length(tmp_path: Path) -> None:
+    env = probe(ADAPTERS["vllm"]())
+    model = default_models(env.python, 2048).path
+    prompts = ["a short prompt of a few words", " ".join(["word"] * 1500), "the third prompt"]
+    dataset = tmp_path / "d.json"
+    dataset.write_text(sharegpt_dataset(prompts, [7, 300, 1]))
+    done = subprocess.run([env.python, "-c", SAMPLE, str(dataset), model], capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    samples = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [s[0] for s in samples] == prompts and [s[2] for s in samples] == [7, 300, 1]
+    assert samples[1][1] > 1024  # over the reader's own filter, kept

@@ -47,6 +47,7 @@ def _options(args: argparse.Namespace, workload: str, **only_search: Any) -> Sea
         concurrency=args.concurrency,
         rate=args.rate,
         burstiness=args.burstiness,
+        prefix_reuse=getattr(args, "prefix_reuse", None),
         slo=slo,
         slo_tiers=tiers,
         **only_search,
@@ -173,7 +174,7 @@ def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("verify --study NAME: give --trial N, and neither --url nor --rate (the trial has both)")
     study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     given = study.user_attrs.get("options") or {}
-    for key in ("seed", "requests", "model"):
+    for key in ("seed", "requests", "model", "prefix_reuse"):
         if getattr(args, key) in (None, 0) and given.get(key) is not None:
             setattr(args, key, given[key])
     workload = args.workload or given.get("workload") or study.user_attrs.get("workload")

@@ -14,6 +14,7 @@ from typing import NoReturn
 from tuner.errors import ConfigError
 from tuner.search.resolve import CPU_STEPS, GPU_STEPS
 from tuner.search.samplers import SAMPLERS
+from tuner.workloads import rag
 from tuner.workloads.arrivals import MIN_BURSTINESS
 
 __all__ = ["build_parser", "engine_envs"]
@@ -116,7 +117,15 @@ def _engine_list(value: str) -> list[str]:
     return engines
 
 
+def _reuse_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefix-reuse", type=_number, metavar="SHARE",
+        help=f"the share of each prompt shared as a prefix with earlier requests (rag; default {rag.DEFAULT_REUSE:g})",
+    )  # fmt: skip
+
+
 def _load_flags(parser: argparse.ArgumentParser) -> None:
+    _reuse_flag(parser)
     parser.add_argument("--concurrency", type=_at_least(1), help="closed loop at C in flight (with --rate: its cap)")
     parser.add_argument("--rate", type=_above_zero, help="open loop: requests (or sessions) per second")
     parser.add_argument("--burstiness", type=_burstiness, help="open-loop gamma shape: 1 Poisson, <1 burstier")
@@ -281,6 +290,7 @@ def _verify_flags(v: argparse.ArgumentParser) -> None:
     v.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the served folder)")
     v.add_argument("--requests", type=_at_least(1), help="the request pool's size, as given to the search")
     v.add_argument("--seed", type=_seed, default=0)
+    _reuse_flag(v)
     v.add_argument("--duration-s", type=_above_zero, help="seconds of load per rate (default: a trial's step)")
     v.add_argument(
         "--tiers-for", choices=("gpu", "cpu"), default="gpu",

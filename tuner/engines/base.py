@@ -27,9 +27,10 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
   schedule, and ``draft_slots(params)`` the scheduling slots a request's drafting takes under
   ``params`` (None: the engine does not say); ``tuner.search.rejections`` generalises such a
   rejection by them.
-* The engine's own benchmark client, for ``tuner verify``: ``bench_dataset(prompts)`` is the text
-  of a dataset file holding exactly those prompts, ``bench_argv(...)`` the client's command on it
-  (open loop, Poisson, greedy, ``ignore_eos``, one fixed output length), and ``bench_rows(result)``
+* The engine's own benchmark client, for ``tuner verify``: ``bench_dataset(prompts, output_lens)``
+  is the text of a dataset file holding exactly those prompts, ``bench_argv(...)`` the client's
+  command on it (open loop, Poisson, greedy, ``ignore_eos``; each request's own output length where
+  ``bench_own_output_lens``, else one for all), and ``bench_rows(result)``
   turns the client's per-request output into request rows (``BenchRows``). An engine without one
   leaves ``bench_module`` None and the three raise ``EnvironmentSetupError``.
 """
@@ -129,10 +130,13 @@ class BenchRows:
     timed: bool
 
 
-def sharegpt_dataset(prompts: Sequence[str]) -> str:
-    """A ShareGPT file of one human turn per prompt (the empty reply is never sent): the one dataset
-    form both engines' clients read with a fixed output length and no pandas."""
-    turns = [{"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": ""}]} for p in prompts]
+def sharegpt_dataset(prompts: Sequence[str], output_lens: Sequence[int]) -> str:
+    """A ShareGPT file of one human turn per prompt (the empty reply is never sent), each entry with
+    its ``output_tokens``: the one dataset form both engines' clients read without pandas."""
+    turns = [
+        {"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": ""}], "output_tokens": n}
+        for p, n in zip(prompts, output_lens, strict=True)
+    ]
     return json.dumps(turns)
 
 
@@ -180,20 +184,22 @@ class EngineAdapter(abc.ABC):
 
     bench_module: str | None = None  # the engine's own benchmark client, for ``tuner verify``
     bench_max_prompt_tokens: int | None = None  # the client drops longer prompts from its dataset
+    bench_own_output_lens = False  # the client gives each request its dataset entry's output length
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         return 1  # any positive KV pool
 
-    def bench_dataset(self, prompts: Sequence[str]) -> str:
+    def bench_dataset(self, prompts: Sequence[str], output_lens: Sequence[int]) -> str:
         self._no_bench()
         return ""
 
     def bench_argv(
         self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,
-        n: int, output_len: int, seed: int,
+        n: int, output_len: int | None, seed: int,
     ) -> list[str]:  # fmt: skip
         """The client's command: ``n`` prompts of ``dataset`` in order where the client allows it, Poisson
-        at ``rate``, ``output_len`` tokens each (``ignore_eos``, temperature 0), per-request output to ``result``."""
+        at ``rate``, ``output_len`` tokens each (None: each entry's own, where ``bench_own_output_lens``;
+        ``ignore_eos``, temperature 0), per-request output to ``result``."""
         self._no_bench()
         return []
 

@@ -43,6 +43,7 @@ from tuner.engines.base import (
     sharegpt_dataset,
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
+from tuner.errors import EnvironmentSetupError
 
 
 class SglangAdapter(EngineAdapter):
@@ -63,13 +64,15 @@ class SglangAdapter(EngineAdapter):
     needs_gpu = True
     bench_module = "sglang.bench_serving"
 
-    def bench_dataset(self, prompts: Sequence[str]) -> str:
-        return sharegpt_dataset(prompts)
+    def bench_dataset(self, prompts: Sequence[str], output_lens: Sequence[int]) -> str:
+        return sharegpt_dataset(prompts, output_lens)
 
     def bench_argv(
         self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,
-        n: int, output_len: int, seed: int,
+        n: int, output_len: int | None, seed: int,
     ) -> list[str]:  # fmt: skip
+        if output_len is None:  # its ShareGPT reader takes one --sharegpt-output-len for every request
+            raise EnvironmentSetupError("SGLang's bench_serving takes one output length for all requests")
         return [
             python, "-m", self.bench_module, "--backend", "sglang-oai", "--base-url", base_url, "--model", model,
             "--tokenizer", tokenizer, "--dataset-name", "sharegpt", "--dataset-path", dataset,

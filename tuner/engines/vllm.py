@@ -27,9 +27,9 @@ model at chunk 1024 at K = 1 as at K = 2, and left 1024 of chunk 2048 to schedul
 
 Benchmark client (``tuner verify``): ``vllm bench serve``, run as ``vllm.benchmarks.serve``'s own
 parser and main from the engine's Python (the ``vllm`` console script fails in the CPU build), on a
-ShareGPT file with ``--disable-shuffle --sharegpt-output-len N``: the same form on 0.26 and 0.32,
-where the ``custom`` JSONL dataset needs pandas, which the CPU build lacks. Its ShareGPT reader drops
-prompts over ``bench_max_prompt_tokens`` tokens. ``--save-detailed`` writes per-request
+ShareGPT file with ``--disable-shuffle``: the same form on 0.26 and 0.32, where the ``custom`` JSONL
+dataset (which takes a length per entry) needs pandas, which neither engine's environment has.
+``BENCH_SERVE`` keeps every entry and gives each its own output length. ``--save-detailed`` writes per-request
 ``start_times``, ``ttfts``, ``itls``, ``output_lens`` and ``errors``.
 """
 
@@ -54,7 +54,23 @@ from tuner.engines.prometheus import histogram_mean_delta, metric_total
 
 VLLM_DEFAULT_MEMORY_FRACTION = 0.92
 # ``vllm bench serve`` through its module's own parser: ``python -c BENCH_SERVE [flags]``
-BENCH_SERVE = (
+# vLLM's own client, with its ShareGPT reader told two things of the tuner's file: every entry is
+# kept, in order (its is_valid_sequence filter drops prompts over 1024 tokens, a rule kept from its old
+# scripts, while the file is already sized to the served context), and each request asks for its
+# entry's "output_tokens" (the reader takes one --sharegpt-output-len for all). Sending, timing and
+# the per-request output are the client's own.
+BENCH_DATASET = (
+    "from vllm.benchmarks.datasets import datasets\n"
+    "datasets.is_valid_sequence = lambda *args, **kwargs: True\n"
+    "_sample = datasets.ShareGPTDataset.sample\n"
+    "def _own_lengths(self, *args, **kwargs):\n"
+    "    samples = _sample(self, *args, **kwargs)\n"
+    "    for sample, entry in zip(samples, self.data):\n"
+    "        sample.expected_output_len = int(entry['output_tokens'])\n"
+    "    return samples\n"
+    "datasets.ShareGPTDataset.sample = _own_lengths\n"
+)
+BENCH_SERVE = BENCH_DATASET + (
     "import argparse, sys\n"
     "from vllm.benchmarks import serve\n"
     "parser = argparse.ArgumentParser()\n"
@@ -83,20 +99,21 @@ class VllmAdapter(EngineAdapter):
     draft_slots_signature = r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
 
     bench_module = "vllm.benchmarks.serve"
-    bench_max_prompt_tokens = 1024  # its ShareGPT reader's is_valid_sequence drops longer prompts
+    bench_own_output_lens = True  # BENCH_SERVE reads each entry's output_tokens
 
-    def bench_dataset(self, prompts: Sequence[str]) -> str:
-        return sharegpt_dataset(prompts)
+    def bench_dataset(self, prompts: Sequence[str], output_lens: Sequence[int]) -> str:
+        return sharegpt_dataset(prompts, output_lens)
 
     def bench_argv(
         self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,
-        n: int, output_len: int, seed: int,
+        n: int, output_len: int | None, seed: int,
     ) -> list[str]:  # fmt: skip
         out = Path(result)
+        one_length = [] if output_len is None else ["--sharegpt-output-len", str(output_len)]
         return [
             python, "-c", BENCH_SERVE, "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
             "--model", model, "--tokenizer", tokenizer, "--dataset-name", "sharegpt", "--dataset-path", dataset,
-            "--disable-shuffle", "--sharegpt-output-len", str(output_len), "--no-oversample", "--ignore-eos",
+            "--disable-shuffle", *one_length, "--no-oversample", "--ignore-eos",
             "--temperature", "0", "--request-rate", f"{rate:.6g}", "--burstiness", "1.0", "--num-prompts", str(n),
             "--num-warmups", "0", "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name,

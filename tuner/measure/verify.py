@@ -6,9 +6,10 @@ step sends, reads its per-request output into request rows (``EngineAdapter.benc
 hands them to ``tuner.measure.capacity.summarize_step``: the attainment is the trial's own, over
 the same steady window (requests sent in the middle 80 % of the run), from another client's clock.
 
-What the client can take is what a dataset file holds: single-turn completions with one output
-length. Anything else in the workload (chat or multi-turn requests, other output lengths, prompts
-the client would drop) is left out and said in ``notes``, never silently.
+What the client can take is what a dataset file holds: single-turn completions, each at its own
+output length where the client takes that (``EngineAdapter.bench_own_output_lens``), else at one.
+Anything else in the workload (chat or multi-turn requests, other output lengths, prompts the client
+would drop) is left out and said in ``notes``, never silently.
 """
 
 from __future__ import annotations
@@ -36,15 +37,18 @@ MAX_EXTRA_S = 300.0  # the client may run this long past its schedule before it 
 
 @dataclass(frozen=True)
 class ClientRequests:
-    """The prompts the client is given, in the step's order, their one output length, and what was left out."""
+    """The prompts the client is given, in the step's order, their output lengths, and what was left out;
+    ``output_len``: the one length the client is told for all (None: each its own, from the file)."""
 
     prompts: list[str]
-    output_len: int
+    output_lens: list[int]
+    output_len: int | None
     notes: list[str]
 
 
 def client_requests(requests: Sequence[Request], adapter: EngineAdapter) -> ClientRequests:
-    """The requests a dataset file can carry: single-turn completions of the commonest output length."""
+    """The requests a dataset file can carry: single-turn completions, each at its own output length
+    where the client takes one per request, else those of the commonest length."""
     single = [r for r in requests if r.endpoint == COMPLETIONS_ENDPOINT and r.session_id is None
               and isinstance(r.body.get("prompt"), str)]  # fmt: skip
     notes = []
@@ -53,8 +57,11 @@ def client_requests(requests: Sequence[Request], adapter: EngineAdapter) -> Clie
                      f"{adapter.name}'s client cannot replay: only single-turn completions are verified")  # fmt: skip
     if not single:
         raise WorkloadError("the workload has no single-turn completion requests for the engine's client to send")
-    output_len = Counter(r.max_tokens for r in single).most_common(1)[0][0]
-    kept = [r for r in single if r.max_tokens == output_len]
+    output_len: int | None = None
+    kept = single
+    if not adapter.bench_own_output_lens:
+        output_len = Counter(r.max_tokens for r in single).most_common(1)[0][0]
+        kept = [r for r in single if r.max_tokens == output_len]
     if len(kept) < len(single):
         notes.append(f"{len(single) - len(kept)} requests ask for another output length than {output_len} tokens; "
                      "the client takes one, so they are left out")  # fmt: skip
@@ -65,7 +72,7 @@ def client_requests(requests: Sequence[Request], adapter: EngineAdapter) -> Clie
         kept = [r for r in kept if r.prompt_tokens <= limit]
     if not kept:
         raise WorkloadError("no request of the workload is one the engine's client can send")
-    return ClientRequests([str(r.body["prompt"]) for r in kept], output_len, notes)
+    return ClientRequests([str(r.body["prompt"]) for r in kept], [r.max_tokens for r in kept], output_len, notes)
 
 
 def run_client(argv: Sequence[str], log: Path, timeout_s: float) -> None:

@@ -31,6 +31,7 @@ class SearchOptions:
     concurrency: int | None = None
     rate: float | None = None  # open loop at this many requests (or sessions) per second
     burstiness: float | None = None
+    prefix_reuse: float | None = None  # --prefix-reuse: None, the preset's own share
     log_dir: Path = Path("studies/logs")
     boot_deadline_s: float = 300.0
     objective: str = "capacity"

@@ -78,6 +78,7 @@ def resolve_workload(opts: SearchOptions, model: ModelSpec, given: str | Trace |
         concurrency=opts.concurrency,
         rate=opts.rate,
         burstiness=opts.burstiness,
+        prefix_reuse=opts.prefix_reuse,
     )
 
 
@@ -115,6 +116,7 @@ def study_attrs(
         "options": {
             "workload": opts.workload, "seed": opts.seed, "requests": opts.requests,
             "concurrency": opts.concurrency, "rate": opts.rate, "burstiness": opts.burstiness,
+            "prefix_reuse": opts.prefix_reuse,
             "model": opts.model, "drafts": list(opts.drafts), "engines": list(engines),
         },
     }  # fmt: skip

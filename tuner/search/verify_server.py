@@ -139,7 +139,7 @@ class _Run:
         chosen = client_requests(pool, self.adapter)
         name = f"at-{rate:.4g}"  # one name per rate: a trial's tiers may claim different rates
         dataset, result = self.where / f"dataset-{name}.json", self.where / f"result-{name}.json"
-        dataset.write_text(self.adapter.bench_dataset(chosen.prompts))
+        dataset.write_text(self.adapter.bench_dataset(chosen.prompts, chosen.output_lens))
         n = len(chosen.prompts)
         argv = self.adapter.bench_argv(self.python, self.url, self.served, self.tokenizer, str(dataset), str(result),
                                        rate, n, chosen.output_len, self.seed)  # fmt: skip

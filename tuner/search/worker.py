@@ -34,7 +34,8 @@ def fill_from_study(args: argparse.Namespace) -> None:
             raise ConfigError(f"study {args.study!r} does not exist yet: give --workload to create it") from None
         return  # the first worker creates the study from its own flags
     known = attrs.get("options") or {}
-    for flag in ("workload", "seed", "requests", "concurrency", "rate", "burstiness", "model", "engines"):
+    shaping = ("workload", "seed", "requests", "concurrency", "rate", "burstiness", "prefix_reuse")
+    for flag in (*shaping, "model", "engines"):
         if getattr(args, flag) is None:
             setattr(args, flag, known.get(flag))
     if not args.drafts:

@@ -67,11 +67,15 @@ def build_workload(
     concurrency: int | None = None,
     rate: float | None = None,
     burstiness: float | None = None,
+    prefix_reuse: float | None = None,
     n_warmup: int = 2,
 ) -> Workload:
-    """Build a preset (``n_requests`` None: ``default_requests``) or a trace (None: all of it)."""
+    """Build a preset (``n_requests`` None: ``default_requests``) or a trace (None: all of it);
+    ``prefix_reuse``: the share of each prompt shared as a prefix, for a preset that has one."""
     if n_requests is not None and n_requests < 1:
         raise ConfigError(f"--requests must be at least 1, got {n_requests}")
+    if isinstance(name, Trace) and prefix_reuse is not None:
+        raise ConfigError("--prefix-reuse shapes a preset; a trace's prompts share what they share")
     if isinstance(name, Trace):
         trace = name
         arrival = override(trace.arrival, concurrency, rate, burstiness)
@@ -83,6 +87,13 @@ def build_workload(
     preset = WORKLOADS.get(name)
     if preset is None:
         raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    if prefix_reuse is not None:
+        if preset.with_reuse is None:
+            with_share = ", ".join(n for n, p in WORKLOADS.items() if p.with_reuse is not None)
+            raise ConfigError(
+                f"--prefix-reuse: the {name} preset's sharing is fixed by its structure (a share: {with_share})"
+            )
+        preset = preset.with_reuse(prefix_reuse)
     arrival = override(preset.arrival, concurrency, rate, burstiness)
     drafted = preset.make(tokenizer, seed, n_requests or default_requests(arrival), max_model_len, n_warmup)
 
@@ -110,6 +121,7 @@ def workload_for_model(
     concurrency: int | None = None,
     rate: float | None = None,
     burstiness: float | None = None,
+    prefix_reuse: float | None = None,
 ) -> Workload:
     """``build_workload`` with the model's own tokenizer; says once if chat lengths are approximate."""
     workload = build_workload(
@@ -121,6 +133,7 @@ def workload_for_model(
         concurrency=concurrency,
         rate=rate,
         burstiness=burstiness,
+        prefix_reuse=prefix_reuse,
     )
     if any(r.endpoint == CHAT_ENDPOINT for r in workload.requests):
         check_template(model_dir, workload.name)

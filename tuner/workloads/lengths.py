@@ -105,17 +105,25 @@ def _guess(cum: list[int], budget: int) -> int:
     return max(bisect_right(cum, budget) - 1, 0)
 
 
+def fit_scale(preset: str, max_model_len: int, scalable: int, fixed: int = 0) -> float:
+    """``context_scale``'s factor, said nowhere: for a build of part of a workload whose whole said it."""
+    if scalable + fixed + CONTEXT_MARGIN <= max_model_len:
+        return 1.0
+    scale = (max_model_len - fixed - CONTEXT_MARGIN) / scalable
+    if scale <= 0:
+        raise WorkloadError(f"{preset}: model context {max_model_len} cannot hold {fixed} output tokens")
+    return scale
+
+
 def context_scale(preset: str, max_model_len: int, scalable: int, fixed: int = 0, what: str = "input lengths") -> float:
     """The factor for ``scalable`` tokens so that they, ``fixed`` tokens and a margin fit the context.
 
     1.0 when everything fits; otherwise one line on stderr says what was scaled and by how much.
     """
+    scale = fit_scale(preset, max_model_len, scalable, fixed)
+    if scale == 1.0:
+        return scale
     needed = scalable + fixed + CONTEXT_MARGIN
-    if needed <= max_model_len:
-        return 1.0
-    scale = (max_model_len - fixed - CONTEXT_MARGIN) / scalable
-    if scale <= 0:
-        raise WorkloadError(f"{preset}: model context {max_model_len} cannot hold {fixed} output tokens")
     print(
         f"{preset}: model context {max_model_len} is shorter than the preset needs ({needed}); "
         f"{what} scaled by {scale:.2f}",

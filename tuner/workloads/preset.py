@@ -40,6 +40,10 @@ class Preset:
     # make_range(tokenizer, seed, start, stop, max_model_len): measured requests start..stop-1 alone, for
     # a preset whose request i does not depend on the others (None: grow by building it all again)
     make_range: Callable[[Tokenizer, int, int, int, int], list[Request]] | None = None
+    # with_reuse(share): the same preset with ``share`` of each prompt a prefix shared with earlier
+    # requests (``--prefix-reuse``); None: the preset's sharing is fixed by its structure
+    with_reuse: Callable[[float], Preset] | None = None
+    reuse: float | None = None  # the share this one was built with
 
 
 def assemble(
