@@ -29,6 +29,7 @@ ENGINE_LOCK = Path("/tmp/tuner-engine.lock")
 BOOTS_VLLM = {
     "bench_capacity",
     "bench_capacity_trust",
+    "bench_quickstart",
     "bench_workloads",
     "bench_fidelity",
     "bench_noise",
@@ -48,6 +49,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_fidelity", ()),
     ("bench_fidelity", ("--pin",)),
     ("bench_noise", ()),
+    ("bench_quickstart", ()),
     ("bench_search", ()),
     ("bench_stress_demo", ()),
     ("bench_scale_out", ()),

@@ -138,7 +138,10 @@ def render(data: dict[str, Any]) -> str:
         "Regenerate: `python -m tests.benchmarks bench_capacity_trust`. The vLLM defaults on the CPU build, "
         "interactive tier, each search a `tuner drive --capacity` run as a user runs it; *before* is "
         f"`{data['before_rev']}` (steps cycle a pool, pass on the point estimate), *after* this commit "
-        "(distinct requests, steps decided by their interval, the queue watched). The codes alternate.",
+        "(distinct requests, steps decided by their interval, the queue watched). The codes alternate. "
+        "Each code drives its own `rag` preset at the served context: the two presets differ where "
+        "*after* has GuideLLM's RAG shape (reports/workloads.md), so the capacities' levels do not compare "
+        "across the codes; their spreads do.",
         "",
         "### One boot",
         "",

@@ -23,10 +23,11 @@ from tuner.engines.env import EngineEnv
 from tuner.engines.prometheus import metric_total, parse_prometheus
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.process import ServerProcess, free_port
+from tuner.search.space import load_space
 from tuner.workloads import build_workload, load_tokenizer
 from tuner.workloads.base import Workload
 
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = load_space().static.max_model_len  # the context a search serves on the CPU build
 REQUESTS = {"rag": 16, "agent": 16, "chat": 16, "json": 8}
 KV_BUDGET_BYTES = 32 * 2**20  # the KV budget a search uses on the CPU build
 MEMORY_FRACTION = 0.9

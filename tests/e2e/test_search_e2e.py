@@ -27,7 +27,9 @@ import pytest
 from tests.e2e.conftest import ROOT, engine_processes, tuner
 from tuner.measure.process import free_port
 from tuner.search.scoring import directions
+from tuner.search.space import load_space
 
+MAX_MODEL_LEN = load_space().static.max_model_len
 pytestmark = pytest.mark.engine
 STUDY = "e2e"
 
@@ -40,7 +42,7 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def study(storage: str) -> optuna.Study:
     pre = optuna.create_study(study_name=STUDY, storage=storage, directions=directions("capacity-pareto"))
-    for fraction in (0.2, 0.15):
+    for fraction in (0.08, 0.04):  # under one max_model_len of KV cache in the CPU budget, both
         pre.enqueue_trial(
             {
                 "engine": "vllm",
@@ -74,6 +76,7 @@ def study(storage: str) -> optuna.Study:
         "1.0",  # one doubling is close enough here: the tests check the search's plumbing, not its precision
         "--confidence",
         "0.6",  # and steps that decide sooner than at the CPU default, for the same reason
+        "--verify",  # each tier's winner booted again from its recorded launch, checked by vLLM's client
     )
     assert done.returncode == 0, done.stderr[-3000:]
     # The default space holds both engines; on a machine without a GPU SGLang is left out, said once.
@@ -96,8 +99,8 @@ def test_kv_too_small_is_recorded_infeasible_and_the_study_goes_on(study: optuna
     assert failed.user_attrs["constraint_violation"] > 0
     assert "KV cache is needed" in failed.user_attrs["log_tail"]
     assert failed.values == [0.0, 0.0], "no capacity under either tier"
-    # vLLM's own figure: the longest model length that would have fit in 0.2 x 32 MiB
-    assert 0 < failed.user_attrs["memory_facts"]["max_len_fit"] < 2048
+    # vLLM's own figure: the longest model length that would have fit in 0.08 x 32 MiB
+    assert 0 < failed.user_attrs["memory_facts"]["max_len_fit"] < MAX_MODEL_LEN
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials[1:])
 
 
@@ -105,12 +108,12 @@ def test_the_screen_learns_from_the_real_failure_and_boots_nothing(study: optuna
     screened = _searched(study)[1]
     assert screened.user_attrs["failure"] == "screened" and screened.user_attrs["constraint_violation"] > 0
     estimate = screened.user_attrs["memory_estimate"]
-    assert estimate["fits"] is False and "0.2 ran out of memory" in estimate["basis"]
+    assert estimate["fits"] is False and "0.08 ran out of memory" in estimate["basis"]
     assert not Path(screened.user_attrs["log_path"] or "/nonexistent").exists(), "no engine was started"
     booted = [t for t in _searched(study) if t.user_attrs["failure"] != "screened"]
     assert len(booted) == 2, "--trials 2 counts boots"
     served = [t for t in booted if t.user_attrs["failure"] is None]
-    assert all(t.user_attrs["memory_facts"]["kv_tokens"] > 2048 for t in served), "vLLM's KV cache size, read"
+    assert all(t.user_attrs["memory_facts"]["kv_tokens"] > MAX_MODEL_LEN for t in served), "vLLM's KV cache size, read"
 
 
 def test_default_config_is_enqueued_and_measured(study: optuna.Study) -> None:
@@ -321,3 +324,23 @@ def test_ctrl_c_during_boot_stops_the_engine_and_marks_the_trial_failed(tmp_path
     trials = optuna.load_study(study_name="ctrlc", storage=storage).get_trials()
     assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL]
     assert "interrupted" in (tmp_path / "tuner.log").read_text()
+
+
+def test_verify_boots_each_tiers_winner_and_vllms_client_judges_it(study: optuna.Study) -> None:
+    """`tuner search --verify`: the recorded launch of each tier's best trial booted on its own, then
+    `vllm bench serve` at its capacity and 1.2x it, judged per request as a step is."""
+    reports = study.user_attrs["verify"]
+    assert set(reports) == {"interactive", "relaxed"}
+    for tier, report in reports.items():
+        assert "error" not in report, report
+        trial = next(t for t in study.get_trials() if t.number == report["trial"])
+        capacity = trial.user_attrs["metrics"][f"capacity_{tier}_req_s"]
+        assert capacity > 0 and report["engine"] == "vllm"
+        assert [r["share"] for r in report["runs"]] == [1.0, 1.2]
+        assert [r["rate_req_s"] for r in report["runs"]] == pytest.approx([capacity, 1.2 * capacity])
+        for run in report["runs"]:
+            assert "vllm.benchmarks" in run["argv"][2], "vLLM's own client ran"
+            assert run["prefix_cache_reset"] is True, "the verify boot has the dev endpoint a trial's boot has"
+            assert set(run["tiers"]) == {tier} and run["goal_met"].keys() == {tier}
+            verdict = run["tiers"][tier]
+            assert 0.0 <= verdict["attainment"] <= 1.0 and 0 < verdict["n_counted"] <= verdict["n_requests"]

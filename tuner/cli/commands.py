@@ -22,7 +22,7 @@ from tuner.search.plan import plan as make_plan
 from tuner.search.preview import preview
 from tuner.search.resolve import parse_slo_flags
 from tuner.search.run import SearchOptions, run_search
-from tuner.search.verify_server import verify_launch_file, verify_trial, verify_url
+from tuner.search.verify_server import describe_report, verify_launch_file, verify_trial, verify_url
 from tuner.search.worker import fill_from_study
 from tuner.study.attrs import capacity_uncertainty
 from tuner.study.storage import given_url, load_existing, open_storage, redacted, storage_url
@@ -68,7 +68,7 @@ def _search_options(args: argparse.Namespace, **extra: Any) -> SearchOptions:
         engines=args.engines, objective=args.objective, sampler=args.sampler, screen=args.screen,
         tier=args.tier, attainment=args.attainment, resolution=args.resolution, confidence=args.confidence,
         prune=args.prune, stress=args.stress, gpus=parse_gpus(args.gpus) if args.gpus else None,
-        gpu_price=getattr(args, "gpu_price", None),
+        gpu_price=getattr(args, "gpu_price", None), verify=getattr(args, "verify", False),
         gpus_per_trial=args.gpus_per_trial, **extra,
     )  # fmt: skip
 
@@ -158,7 +158,7 @@ def verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, allow_nan=False))
     else:
-        print("\n".join(_verify_lines(report)))
+        print("\n".join(describe_report(report)))
     return 0 if all(all(r["goal_met"].values()) for r in report["runs"]) else 1
 
 
@@ -182,22 +182,6 @@ def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--study {args.study}: it records no workload; give --workload")
     return verify_trial(study, args.trial, _verify_options(args, workload), args.tier, args.duration_s, Progress(),
                         args.out)  # fmt: skip
-
-
-def _verify_lines(report: dict[str, Any]) -> list[str]:
-    lines = [f"{report['url']} ({report['engine']} {report['engine_version']}), workload {report['workload']}; "
-             "attainment by the engine's own client:"]  # fmt: skip
-    for run in report["runs"]:
-        lines += [f"  note: {note}" for note in run["notes"]]
-        for tier, v in run["tiers"].items():
-            others = "".join(f", {k} {v[k]}" for k in ("attainment_low", "attainment_high", "decision") if k in v)
-            goal = "met" if run["goal_met"][tier] else "missed"
-            at = f"{run['share']:g}x {run['claimed_rate_req_s']:.4g} = {run['rate_req_s']:.4g} req/s"
-            lines.append(f"  {at} {tier}: {v['attainment']:.3f} of "
-                         f"{v['n_counted']} counted ({v['n_requests']} sent), target {v['target']:.2f}, "
-                         f"{'pass' if v['passed'] else 'fail'}{others}; goal {goal}")  # fmt: skip
-        lines.append(f"  counted at {run['share']:g}x: {next(iter(run['tiers'].values()))['counted']}")
-    return lines
 
 
 def plan(args: argparse.Namespace) -> int:

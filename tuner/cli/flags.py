@@ -117,9 +117,17 @@ def _engine_list(value: str) -> list[str]:
     return engines
 
 
+def _reuse_share(value: str) -> float:
+    """A share of each prompt: 0 to ``rag.MAX_REUSE``."""
+    share = _number(value)
+    if not 0 <= share <= rag.MAX_REUSE:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {rag.MAX_REUSE:g}, got {value}")
+    return share
+
+
 def _reuse_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--prefix-reuse", type=_number, metavar="SHARE",
+        "--prefix-reuse", type=_reuse_share, metavar="SHARE",
         help=f"the share of each prompt shared as a prefix with earlier requests (rag; default {rag.DEFAULT_REUSE:g})",
     )  # fmt: skip
 
@@ -139,6 +147,11 @@ def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
     """``search``'s flags; a ``worker`` takes what it is not given from the study it joins."""
     from_study = "(default: the study's)" if worker else ""
     s.add_argument("--workload", required=not worker, help=from_study or "a preset or a trace file")
+    if not worker:
+        s.add_argument(
+            "--verify", action="store_true",
+            help="at the end, boot each tier's winner again and check its capacity with the engine's own client",
+        )  # fmt: skip
     s.add_argument("--space", type=Path, help=from_study or None)
     s.add_argument("--study", required=worker)
     s.add_argument(

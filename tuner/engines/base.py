@@ -41,6 +41,7 @@ import abc
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from tuner.errors import EnvironmentSetupError
@@ -174,6 +175,8 @@ class EngineAdapter(abc.ABC):
     health_path: str = "/health"
     ready_line: str | None = None
     reset_cache_path: str | None = None  # POST here after warmup empties the prefix cache
+    # what a server the tuner measures needs beside its launch (a dev endpoint), never exported
+    measuring_env: Mapping[str, str] = MappingProxyType({})
     reset_busy_status: int | None = None  # what that answers while requests still run: asked again
     needs_gpu: bool = False  # an engine with no CPU build is left out of studies on a machine without a GPU
     ttft_histogram: str = ""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tuner.engines.base import (
@@ -94,6 +95,7 @@ class VllmAdapter(EngineAdapter):
     ttft_histogram = "vllm:time_to_first_token_seconds"
     waiting_gauge = "vllm:num_requests_waiting"
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
+    measuring_env = MappingProxyType({"VLLM_SERVER_DEV_MODE": "1"})
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
     # the refusal's count is 0; the same words with a positive count are only a warning on a server that boots
     draft_slots_signature = r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
@@ -149,7 +151,7 @@ class VllmAdapter(EngineAdapter):
             args=tuple(args),
             host="127.0.0.1",
             port=port,
-            trial_env={"VLLM_SERVER_DEV_MODE": "1"},  # the cache-reset endpoint, for trials only
+            trial_env=dict(self.measuring_env),  # the cache-reset endpoint, for trials only
             health_path=self.health_path,
             served_model=model.path,
         )

@@ -32,6 +32,7 @@ class SearchOptions:
     rate: float | None = None  # open loop at this many requests (or sessions) per second
     burstiness: float | None = None
     prefix_reuse: float | None = None  # --prefix-reuse: None, the preset's own share
+    verify: bool = False  # --verify: each tier's winner checked by the engine's own client at the end
     log_dir: Path = Path("studies/logs")
     boot_deadline_s: float = 300.0
     objective: str = "capacity"
@@ -60,15 +61,16 @@ class Plan:
 
 
 def plan_of(opts: SearchOptions, device: Device) -> Plan:
-    """Flags win; otherwise the embedded CPU default is sized to finish in about 10 minutes on 2 cores
-    (every boot there costs 40-60 s), and everything else gets 6 trials and 3 finalists x 5 repeats."""
+    """Flags win; otherwise the embedded CPU default is sized to finish within the Quickstart's 10
+    minutes on 2 cores, where every boot and capacity search costs about as much as a GPU trial
+    (reports/quickstart.md), and everything else gets 6 trials and 3 finalists x 5 repeats."""
     small = device.kind == "cpu" and opts.model is None
     chosen = Plan(
-        trials=opts.trials if opts.trials is not None else (4 if small else DEFAULT_TRIALS),
+        trials=opts.trials if opts.trials is not None else (3 if small else DEFAULT_TRIALS),
         finalists=opts.finalists if opts.finalists is not None else (1 if small else 3),
-        # 5 from the noise benchmark (CV 6.5-11 % across fresh boots, reports/measurement.md); the
-        # CPU quickstart keeps 2 to fit its time, so its verdicts are mostly honest ties.
-        repeats=opts.repeats if opts.repeats is not None else (2 if small else 5),
+        # 5 from the noise benchmark (the spread across fresh boots, reports/measurement.md); the CPU
+        # quickstart keeps 1 to fit its time, so its verdict is a tie for too few runs, said so.
+        repeats=opts.repeats if opts.repeats is not None else (1 if small else 5),
     )
     if chosen.trials < 0 or chosen.finalists < 0 or chosen.repeats < 0:
         raise ConfigError("--trials, --finalists and --repeats must be at least 0")

@@ -145,6 +145,8 @@ def check_capacity_flags(opts: SearchOptions) -> None:
     """The capacity flags checked on their own, before any engine is probed: a bad tier or an SLO no
     request could meet is one line at once, not after a model was generated."""
     if not is_capacity(opts.objective):
+        if opts.verify:
+            raise ConfigError("--verify checks capacities: it needs a capacity objective")
         return
     if opts.tier not in TIER_NAMES:
         raise ConfigError(f"--tier {opts.tier!r}: expected one of {', '.join(TIER_NAMES)}")

@@ -42,6 +42,7 @@ from tuner.search.resolve import (
 from tuner.search.samplers import make_sampler
 from tuner.search.scoring import check_objective, directions
 from tuner.search.space import Space, check_space_fits, load_space
+from tuner.search.verify_server import verify_winners
 from tuner.study.attrs import SAMPLED_KIND, bind_study_attrs, enqueue_defaults
 from tuner.study.storage import open_study, storage_url
 from tuner.study.verdict import describe_verdict
@@ -146,6 +147,8 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         run_slots(study, objective, Budget(plan.trials, deadline), lock, make_slots(ctx, opts))
         if not opts.worker and (plan.repeats > 0 or opts.stress):
             _finalists(study, plan, ctx, space, opts.stress)
+        if opts.verify and not opts.worker and capacity is not None:
+            verify_winners(study, opts, capacity.scored, progress, log_dir / "verify")
     progress.line(trials_table(study))
     return study
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from tuner.deploy.verify import read_launch_file
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Device, EngineAdapter, LaunchSpec
 from tuner.engines.env import probe
-from tuner.errors import ConfigError, ExportError
+from tuner.errors import ConfigError, ExportError, TunerError
 from tuner.measure.process import ServerProcess, free_port
 from tuner.measure.rate_steps import step_requests
 from tuner.measure.supply import RequestSupply
@@ -36,6 +36,7 @@ from tuner.search.drive_server import drive_model, served_model
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import capacity_plan, resolve_workload
 from tuner.study.attrs import study_attrs_of, trial_attrs
+from tuner.study.feasible import feasible_trials
 from tuner.workloads import source
 from tuner.workloads.base import Request
 
@@ -43,11 +44,14 @@ __all__ = [
     "GOAL_SLACK",
     "OVER_SHARE",
     "Claim",
+    "describe_report",
+    "tier_winners",
     "trial_claims",
     "verify_claims",
     "verify_launch_file",
     "verify_trial",
     "verify_url",
+    "verify_winners",
 ]
 
 OVER_SHARE = 1.2  # the second rate, as a share of the claim: attainment must fall below the target there
@@ -166,6 +170,60 @@ def trial_claims(trial: optuna.trial.FrozenTrial) -> dict[str, Claim]:
     return claims
 
 
+def tier_winners(study: optuna.Study, tiers: Sequence[str]) -> dict[str, int]:
+    """Each tier's best feasible trial by the capacity it recorded there (ties: the earlier trial)."""
+    best: dict[str, int] = {}
+    for tier in tiers:
+        found = [(float((trial_attrs(t).get("metrics") or {}).get(f"capacity_{tier}_req_s") or 0.0), -t.number)
+                 for t in feasible_trials(study)]  # fmt: skip
+        found = [f for f in found if f[0] > 0]
+        if found:
+            best[tier] = -max(found)[1]
+    return best
+
+
+def verify_winners(
+    study: optuna.Study, opts: SearchOptions, tiers: Sequence[str], progress: Progress, work_dir: Path
+) -> dict[str, Any]:
+    """``tuner search --verify``: each tier's winner booted from its recorded launch and checked at its
+    capacity by the engine's own client; the reports go in the study's ``verify`` attribute. A tier
+    that cannot be verified says why there, and the others still run."""
+    reports: dict[str, Any] = {}
+    winners = tier_winners(study, tiers)
+    for tier in tiers:
+        if tier not in winners:
+            reports[tier] = {"error": f"no feasible trial found a {tier} capacity above 0 req/s"}
+            continue
+        number = winners[tier]
+        try:
+            reports[tier] = verify_trial(study, number, opts, tier, None, progress, work_dir / f"trial-{number}-{tier}")
+        except TunerError as exc:
+            reports[tier] = {"study": study.study_name, "trial": number, "error": str(exc)}
+    study.set_user_attr("verify", reports)
+    for tier, report in reports.items():
+        lines = [f"verify {tier}: {report['error']}"] if "error" in report else describe_report(report)
+        for line in lines:
+            progress.line(line)
+    return reports
+
+
+def describe_report(report: Mapping[str, Any]) -> list[str]:
+    """A verify report in lines: each rate's attainment per tier, what was left out, and the goal."""
+    lines = [f"{report['url']} ({report['engine']} {report['engine_version']}), workload {report['workload']}; "
+             "attainment by the engine's own client:"]  # fmt: skip
+    for run in report["runs"]:
+        lines += [f"  note: {note}" for note in run["notes"]]
+        for tier, v in run["tiers"].items():
+            others = "".join(f", {k} {v[k]}" for k in ("attainment_low", "attainment_high", "decision") if k in v)
+            goal = "met" if run["goal_met"][tier] else "missed"
+            at = f"{run['share']:g}x {run['claimed_rate_req_s']:.4g} = {run['rate_req_s']:.4g} req/s"
+            lines.append(f"  {at} {tier}: {v['attainment']:.3f} of "
+                         f"{v['n_counted']} counted ({v['n_requests']} sent), target {v['target']:.2f}, "
+                         f"{'pass' if v['passed'] else 'fail'}{others}; goal {goal}")  # fmt: skip
+        lines.append(f"  counted at {run['share']:g}x: {next(iter(run['tiers'].values()))['counted']}")
+    return lines
+
+
 def verify_trial(
     study: optuna.Study, number: int, opts: SearchOptions, tier: str | None, duration_s: float | None,
     progress: Progress, work_dir: Path | None = None,
@@ -222,9 +280,11 @@ def verify_launch_file(
 
 
 def _spec(adapter: EngineAdapter, python: str, module: str, args: list[Any], env: Any) -> LaunchSpec:
+    # the measuring env, as a trial's boot has it: verify empties the prefix cache before each rate
     return LaunchSpec(engine=adapter.name, python=python, module=module, args=tuple(str(a) for a in args),
                       host="127.0.0.1", port=free_port(), env=dict(env or {}), health_path=adapter.health_path,
-                      served_model=str(args[1]), ready_line=adapter.ready_line)  # fmt: skip
+                      served_model=str(args[1]), ready_line=adapter.ready_line,
+                      trial_env=dict(adapter.measuring_env))  # fmt: skip
 
 
 def _boot_and_verify(

@@ -66,15 +66,18 @@ def test_workload_writes_the_requests_and_shows_their_statistics(
     assert (work / "b.jsonl").read_bytes() == first  # same seed, same tokenizer: the same bytes
 
 
-def test_shared_prefix_fraction_tells_presets_apart(
+def test_shared_prefix_fraction_follows_the_reuse_share(
     work: Path, model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shares = {}
-    for name in ("rag", "chat"):
-        assert main(["workload", name, "--model", str(model), "--out", f"{name}.jsonl"]) == 0
+    for reuse in ("0", None, "0.8"):  # None: rag's default share, 40 %
+        flags = [] if reuse is None else ["--prefix-reuse", reuse]
+        assert main(["workload", "rag", "--model", str(model), "--requests", "40", *flags, "--out", "r.jsonl"]) == 0
         line = next(x for x in capsys.readouterr().out.splitlines() if "shared prefix" in x)
-        shares[name] = float(line.split()[2].rstrip("%"))
-    assert shares["rag"] > 50 > shares["chat"]
+        shares[reuse] = float(line.split()[2].rstrip("%"))
+    # the measured share of 16-token blocks an earlier prompt had: below the share (each document's
+    # first reading and the block a prefix ends in are misses), and nothing much without one
+    assert shares["0"] < 5 and 20 < shares[None] <= 41 and 55 < shares["0.8"] <= 81, shares
 
 
 def test_workload_replays_a_trace_and_flags_override_arrivals(

@@ -364,7 +364,8 @@ RANGES: dict[str, tuple[type[int] | type[float], Callable[[float], bool]]] = {
     "--timeout": (float, lambda v: v > 0), "--rate": (float, lambda v: v > 0),
     "--resolution": (float, lambda v: v > 0), "--burstiness": (float, lambda v: v >= 1e-3),
     "--attainment": (float, lambda v: 0 < v <= 1), "--gpu-price": (float, lambda v: v > 0),
-    "--duration-s": (float, lambda v: v > 0),
+    "--duration-s": (float, lambda v: v > 0), "--prefix-reuse": (float, lambda v: 0 <= v <= 0.9),
+    "--confidence": (float, lambda v: 0 < v < 1),
 }  # fmt: skip
 EDGES = ["-1", "0", "1", "65535", "65536", "4294967295", "4294967296", "1e-3", "0.0009", "0.5", "1.5", "-0"]
 
@@ -378,9 +379,12 @@ def numeric_flags() -> list[tuple[str, str]]:
         for action in p._actions:
             if action.type is None or not action.option_strings or action.type in (Path, str):
                 continue
-            with contextlib.suppress(Exception):
-                if isinstance(action.type("1"), int | float) and not isinstance(action.type("1"), bool):
-                    found.append((command, action.option_strings[-1]))
+            for probe in ("1", "0.5"):  # a share takes no 1
+                with contextlib.suppress(Exception):
+                    value = action.type(probe)
+                    if isinstance(value, int | float) and not isinstance(value, bool):
+                        found.append((command, action.option_strings[-1]))
+                        break
     return sorted(found)
 
 

@@ -105,7 +105,9 @@ def cli(args: list[str]) -> tuple[int, str, list[str]]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(args)
-    return code, out.getvalue(), [line for line in err.getvalue().splitlines() if line.strip()]
+    # rag's one line saying it scaled to the served context is not an error: left out of what is checked
+    lines = [line for line in err.getvalue().splitlines() if line.strip()]
+    return code, out.getvalue(), [line for line in lines if "is shorter than the preset needs" not in line]
 
 
 def drive(url: str, *extra: str) -> list[str]:

@@ -168,3 +168,36 @@ def test_short_context_scales_down_and_says_so(
     assert line.startswith(f"{name}: model context 1024 is shorter than the preset needs") and what in line
     for request in workload.requests:
         assert request.prompt_tokens + request.max_tokens <= 1024
+
+
+# What each docstring states of its lengths, in tokens of the target's tokenizer, unscaled: the
+# elastic text's range and mean (the part on top of each prompt's fixed text), and the outputs'.
+STATED = {
+    # chat: user text lognormal median 48, sigma 0.9, in 4..800 (mean about 72); replies median 160,
+    # sigma 0.7, in 8..512 (mean about 200), after LMSYS-Chat-1M's per-turn averages
+    "chat": {"text": (4, 800, 72), "output": (8, 512, 200)},
+    # agent: tasks 60..150 and tool results 80..140 tokens, uniform; 48-token text or <= 96-token JSON turns
+    "agent": {"text": (60, 150, (105 + 110) / 2), "output": (48, 96, None)},
+    # json: passages 150..300 tokens, uniform; replies capped at 128
+    "json": {"text": (150, 300, 225), "output": (128, 128, None)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATED))
+def test_lengths_follow_the_docstring(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    contents: list[int] = []
+    real = Fitter.fit_content
+
+    def recording(self: Fitter, render: Render, words: Sequence[str], content_tokens: int, what: str) -> Fit:
+        contents.append(content_tokens)
+        return real(self, render, words, content_tokens, what)
+
+    monkeypatch.setattr(Fitter, "fit_content", recording)
+    workload = build_workload(name, tokenizer, seed=5, n_requests=240, max_model_len=16384)  # unscaled
+    (low, high, mean), (out_low, out_high, out_mean) = STATED[name]["text"], STATED[name]["output"]
+    assert low <= min(contents) and max(contents) <= high
+    assert abs(sum(contents) / len(contents) - mean) <= 0.15 * mean  # 240 draws of a wide distribution
+    outputs = [r.max_tokens for r in workload.requests]
+    assert out_low <= min(outputs) and max(outputs) <= out_high
+    if out_mean is not None:
+        assert abs(sum(outputs) / len(outputs) - out_mean) <= 0.15 * out_mean

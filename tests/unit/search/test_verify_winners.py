@@ -1,0 +1,59 @@
+"""``tuner search --verify`` picks each tier's best feasible trial; a tier with none says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.progress import Progress
+from tuner.search import verify_server
+from tuner.search.options import SearchOptions
+from tuner.search.resolve import check_capacity_flags
+from tuner.search.verify_server import tier_winners, verify_winners
+
+
+def _trial(study: optuna.Study, interactive: float, relaxed: float, violation: float = 0.0) -> None:
+    metrics = {"capacity_interactive_req_s": interactive, "capacity_relaxed_req_s": relaxed}
+    attrs = {"config_kind": "sampled", "metrics": metrics, "constraint_violation": violation}
+    study.add_trial(optuna.trial.create_trial(values=[interactive, relaxed], user_attrs=attrs))
+
+
+def _study() -> optuna.Study:
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    _trial(study, 2.0, 3.0)  # 0
+    _trial(study, 9.0, 9.5, violation=1.0)  # 1: the highest, but infeasible
+    _trial(study, 2.5, 2.9)  # 2: interactive's best
+    _trial(study, 1.0, 3.0)  # 3: ties trial 0 on relaxed, later
+    return study
+
+
+def test_each_tier_gets_its_best_feasible_trial_earliest_on_a_tie() -> None:
+    assert tier_winners(_study(), ["interactive", "relaxed"]) == {"interactive": 2, "relaxed": 0}
+
+
+def test_a_tier_nobody_served_is_said_and_the_others_still_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    _trial(study, 1.5, 0.0)
+    seen: list[tuple[int, str | None]] = []
+
+    def fake_verify(study: optuna.Study, number: int, opts: SearchOptions, tier: str | None, *rest: Any) -> dict:
+        seen.append((number, tier))
+        raise ConfigError("the client exited 1")  # an error path: the real boot is tested end to end
+
+    monkeypatch.setattr(verify_server, "verify_trial", fake_verify)
+    reports = verify_winners(study, SearchOptions(workload="rag"), ["interactive", "relaxed"], Progress(), tmp_path)
+    assert seen == [(0, "interactive")]
+    assert reports == {
+        "interactive": {"study": study.study_name, "trial": 0, "error": "the client exited 1"},
+        "relaxed": {"error": "no feasible trial found a relaxed capacity above 0 req/s"},
+    }
+    assert study.user_attrs["verify"] == reports
+
+
+def test_verify_needs_a_capacity_objective() -> None:
+    with pytest.raises(ConfigError, match="--verify checks capacities"):
+        check_capacity_flags(SearchOptions(workload="rag", objective="goodput", verify=True))
