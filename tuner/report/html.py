@@ -27,6 +27,7 @@ from tuner.report.capacity import (
     tiers,
 )
 from tuner.report.describe import engine_line, engines_text, launch_command, number, params_list, params_text
+from tuner.report.engines import engines_md, engines_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trials_table import study_price
 from tuner.report.winner import launch_choice
@@ -215,7 +216,7 @@ def write_report(study: optuna.Study, out_root: Path, gpu_price: float | None = 
     capacity = is_capacity_study(study)
     price = study_price(study, gpu_price)
     if capacity:
-        first = [capacity_section(study), capacity_table_section(study, price)]
+        first = [capacity_section(study), capacity_table_section(study, price), engines_section(study, price)]
     else:
         first = [pareto_section(study), cdf_section(study)]
     sections = [*first, importance_section(found, capacity), best_vs_default_section(study, price),
@@ -236,6 +237,8 @@ def summary_md(study: optuna.Study) -> str:
     verdict = study_attrs_of(study).get("verdict")
     if verdict:
         lines.append(f"- {describe_verdict(verdict)}")
+    if is_capacity_study(study):
+        lines += engines_md(study)
     said, trials = launch_choice(study)
     lines += ["", "## Launch command of the winner", "", said]
     for t in trials:

@@ -111,3 +111,30 @@ def test_a_pareto_report_keeps_its_plots_drawn_with_plotly(pareto_study: optuna.
     _, ours = _page(pareto_study, tmp_path)
     launch = _section(ours, "launch")
     assert "trial 1 wins the verdict" in launch and launch.count("<pre>") == 1 and "4200" not in launch
+
+
+def test_the_engines_side_by_side_per_tier_from_the_numbers(capacity_study: optuna.Study) -> None:
+    """Each engine's best feasible capacity per tier beside its defaults, and who carried more."""
+    from tuner.report.engines import engines_md, engines_section, per_engine
+
+    rows = {r.engine: r for r in per_engine(capacity_study, "interactive")}
+    assert rows["vllm"].best is not None and rows["vllm"].best.number == 2  # 4.0 req/s; the OOM one is out
+    assert rows["sglang"].best is not None and rows["sglang"].best.number == 3  # 3.5 beats its defaults' 1.5
+    assert rows["vllm"].default is not None and rows["vllm"].default.number == 0
+    section = engines_section(capacity_study, price=2.0)
+    assert "vllm carried 4 req/s, sglang 3.5: vllm 1.14x on this workload." in section
+    assert section.count("<h3>Tier ") == 2 and "per million output tokens" in section
+    relaxed = engines_md(capacity_study)
+    assert "vllm carried 6 req/s, sglang 5: vllm 1.20x on this workload." in relaxed
+
+
+def test_one_engine_has_nothing_to_compare(capacity_study: optuna.Study, tmp_path: Path) -> None:
+    from tuner.report.engines import comparison, per_engine
+
+    only = optuna.create_study(study_name="one", storage=f"sqlite:///{tmp_path / 'one.db'}", direction="maximize")
+    for t in capacity_study.get_trials():
+        if t.user_attrs.get("engine") == "vllm":
+            only.add_trial(t)
+    assert comparison(per_engine(only, "interactive"), "interactive") == (
+        "Only one engine was booted in this study: nothing to compare."
+    )

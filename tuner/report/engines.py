@@ -1,0 +1,101 @@
+"""Which engine suits the workload, by measurement: each engine's best capacity per tier, and its cost.
+
+For each tier a capacity study measured, and each engine it booted: the feasible trial with the
+highest capacity there (stress-check failures and repeats of another trial's config left out, as
+everywhere), its capacity with the bracket it was resolved in, the output tokens/s per GPU at it and,
+given a price, the dollars per million output tokens; beside it, the capacity of that engine's
+defaults. The sentence under each tier is computed from those numbers: which engine carried more,
+and by how much, or that only one engine was measured.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import optuna
+
+from tuner.report.capacity import capacity_cell, tier_capacity, tiers
+from tuner.report.describe import engine_of, number
+from tuner.study.attrs import is_default
+from tuner.study.cost import cost_text
+from tuner.study.feasible import feasible_trials
+
+Trial = optuna.trial.FrozenTrial
+
+
+@dataclass(frozen=True)
+class EngineBest:
+    engine: str
+    best: Trial | None  # the feasible trial of highest capacity in the tier (None: none served it)
+    default: Trial | None  # the engine's defaults (the latest, if re-run)
+
+    def capacity(self, tier: str) -> float:
+        found = tier_capacity(self.best, tier) if self.best is not None else None
+        return found or 0.0
+
+
+def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
+    """Each engine the study booted, with its best feasible trial in ``tier`` and its defaults."""
+    everything = study.get_trials(deepcopy=False)
+    engines = sorted({e for t in everything if (e := engine_of(t))})
+    feasible = feasible_trials(study)
+    found = []
+    for engine in engines:
+        served = [t for t in feasible if engine_of(t) == engine and (tier_capacity(t, tier) or 0.0) > 0]
+        best = max(served, key=lambda t: (tier_capacity(t, tier) or 0.0, -t.number), default=None)
+        defaults = [t for t in everything if engine_of(t) == engine and is_default(t)]
+        found.append(EngineBest(engine, best, defaults[-1] if defaults else None))
+    return found
+
+
+def comparison(rows: list[EngineBest], tier: str) -> str:
+    """One sentence from the numbers: who carried more in ``tier``, and by how much."""
+    served = sorted((r for r in rows if r.capacity(tier) > 0), key=lambda r: -r.capacity(tier))
+    if len(rows) < 2:
+        return "Only one engine was booted in this study: nothing to compare."
+    if not served:
+        return "No engine carried any load under this tier's SLO."
+    if len(served) == 1:
+        return f"Only {served[0].engine} carried load under this tier's SLO."
+    first, second = served[0], served[1]
+    ratio = first.capacity(tier) / second.capacity(tier)
+    return (f"{first.engine} carried {number(first.capacity(tier))} req/s, {second.engine} "
+            f"{number(second.capacity(tier))}: {first.engine} {ratio:.2f}x on this workload.")  # fmt: skip
+
+
+def engines_section(study: optuna.Study, price: float | None = None) -> str:
+    parts = []
+    for tier in tiers(study):
+        rows = per_engine(study, tier.name)
+        cells = []
+        for r in rows:
+            best = r.best
+            tuned = f"trial {best.number}" + (" (its defaults)" if is_default(best) else "") if best else "-"
+            cost = cost_text(best.user_attrs, tier.name, price) if best is not None else ""
+            default = capacity_cell(r.default, tier.name) if r.default is not None else "not booted"
+            cells.append(
+                f"<tr><td>{html.escape(r.engine)}</td><td>{html.escape(tuned)}</td>"
+                f"<td>{html.escape(capacity_cell(best, tier.name) if best else '0')}</td>"
+                f"<td>{html.escape(cost or '-')}</td><td>{html.escape(default)}</td></tr>"
+            )
+        table = ("<table><tr><th>engine</th><th>best feasible config</th><th>capacity (req/s)</th>"
+                 f"<th>cost at it</th><th>its defaults (req/s)</th></tr>{''.join(cells)}</table>")  # fmt: skip
+        parts.append(f"<h3>Tier {html.escape(tier.name)}</h3>{table}<p>{html.escape(comparison(rows, tier.name))}</p>")
+    body = "".join(parts) or "<p>no trial recorded a capacity</p>"
+    return f'<section id="engines"><h2>Which engine suits this workload</h2>{body}</section>'
+
+
+def engines_md(study: optuna.Study) -> list[str]:
+    """The same comparison as Markdown lines, for ``summary.md``."""
+    lines = []
+    for tier in tiers(study):
+        rows = per_engine(study, tier.name)
+        head = "| engine | best trial | capacity (req/s) | defaults (req/s) |"
+        lines += ["", f"## Engines, tier {tier.name}", "", head, "|---|---|---|---|"]
+        for r in rows:
+            best = f"{r.best.number}" if r.best is not None else "-"
+            default = capacity_cell(r.default, tier.name) if r.default is not None else "not booted"
+            lines.append(f"| {r.engine} | {best} | {capacity_cell(r.best, tier.name) if r.best else '0'} | {default} |")
+        lines += ["", comparison(rows, tier.name)]
+    return lines
