@@ -13,6 +13,7 @@ from tuner.deploy.export import export_study
 from tuner.deploy.verify import check_files
 from tuner.errors import ConfigError
 from tuner.fleet.placement import parse_gpus
+from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
 from tuner.progress import Progress
 from tuner.report.dashboard import serve
 from tuner.report.html import write_report
@@ -28,6 +29,7 @@ from tuner.study.attrs import capacity_uncertainty
 from tuner.study.storage import given_url, load_existing, open_storage, redacted, storage_url
 from tuner.workloads import source
 from tuner.workloads.arrivals import check_flags
+from tuner.workloads.base import DEFAULT_TIER
 
 if TYPE_CHECKING:
     from tuner.search.run import SearchOptions
@@ -124,8 +126,8 @@ def drive(args: argparse.Namespace) -> int:
 
 def _drive_capacity(args: argparse.Namespace) -> int:
     objective = "capacity" if args.tier else "capacity-pareto"
-    opts = _options(args, args.workload, objective=objective, tier=args.tier or "interactive",
-                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10,
+    opts = _options(args, args.workload, objective=objective, tier=args.tier or DEFAULT_TIER,
+                    attainment=args.attainment or ATTAINMENT_TARGET, resolution=args.resolution or RESOLUTION,
                     confidence=args.confidence)  # fmt: skip
     report = drive_capacity(opts, args.url, args.tiers_for, Progress())
     if args.json:
@@ -164,8 +166,9 @@ def verify(args: argparse.Namespace) -> int:
 
 def _verify_options(args: argparse.Namespace, workload: str) -> SearchOptions:
     objective = "capacity" if args.tier else "capacity-pareto"
-    return _options(args, workload, objective=objective, tier=args.tier or "interactive",
-                    attainment=args.attainment or 0.9, resolution=args.resolution or 0.10)  # fmt: skip
+    return _options(args, workload, objective=objective, tier=args.tier or DEFAULT_TIER,
+                    attainment=args.attainment or ATTAINMENT_TARGET,
+                    resolution=args.resolution or RESOLUTION)  # fmt: skip
 
 
 def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:

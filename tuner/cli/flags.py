@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from tuner.errors import ConfigError
+from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
 from tuner.search.resolve import CPU_STEPS, GPU_STEPS
 from tuner.search.samplers import SAMPLERS
+from tuner.search.scoring import DEFAULT_OBJECTIVE, OBJECTIVES
 from tuner.workloads import rag
 from tuner.workloads.arrivals import MIN_BURSTINESS
+from tuner.workloads.base import DEFAULT_TIER, TIER_NAMES
 
 __all__ = ["build_parser", "engine_envs"]
 
@@ -180,11 +183,11 @@ def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
     s.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
     s.add_argument("--engines", type=_engine_list, help="comma-separated engines (default: the space's)")
     s.add_argument(
-        "--objective",
-        default=None if worker else "capacity",
-        help="capacity (default: the highest rate that meets an SLO tier), capacity-pareto (both tiers), "
-        "pareto (TTFT p95 vs throughput at one load), goodput or throughput",
-    )
+        "--objective", choices=tuple(OBJECTIVES),
+        default=None if worker else DEFAULT_OBJECTIVE,
+        help=f"{DEFAULT_OBJECTIVE} (the default: the highest rate that meets an SLO tier), capacity-pareto (both "
+        "tiers), pareto (TTFT p95 vs throughput at one load), goodput or throughput",
+    )  # fmt: skip
     _capacity_flags(s, worker)
     _strategy_flags(s)
 
@@ -197,16 +200,16 @@ def _capacity_flags(s: argparse.ArgumentParser, worker: bool = False) -> None:
         "workload preset's tiers). Without a tier: the scored tier's SLO (the older objectives' SLO)",
     )  # fmt: skip
     s.add_argument(
-        "--tier", choices=("interactive", "relaxed"), default=None if worker else "interactive",
-        help="the SLO tier --objective capacity scores (default interactive)",
+        "--tier", choices=TIER_NAMES, default=None if worker else DEFAULT_TIER,
+        help=f"the SLO tier --objective capacity scores (default {DEFAULT_TIER})",
     )  # fmt: skip
     s.add_argument(
-        "--attainment", type=_attainment, default=None if worker else 0.9,
-        help="share of requests that must meet the SLO at a capacity (default 0.9)",
+        "--attainment", type=_attainment, default=None if worker else ATTAINMENT_TARGET,
+        help=f"share of requests that must meet the SLO at a capacity (default {ATTAINMENT_TARGET:g})",
     )  # fmt: skip
     s.add_argument(
-        "--resolution", type=_above_zero, default=None if worker else 0.10,
-        help="relative precision of the capacity search (default 0.1: within 10 %%)",
+        "--resolution", type=_above_zero, default=None if worker else RESOLUTION,
+        help=f"relative precision of the capacity search (default {RESOLUTION:g}: within {RESOLUTION:.0%}%)",
     )  # fmt: skip
     s.add_argument(
         "--confidence", type=_confidence, default=None,

@@ -55,6 +55,8 @@ MIN_DECIDED = 20  # fewest decided requests before a mid-step collapse is believ
 SATURATED, COLLAPSED = "saturated", "collapsed"  # why the monitor cut a step
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"  # a step's decision
 CONFIDENCE = 0.90  # the chance that a decided step is decided right, over all the looks it takes
+ATTAINMENT_TARGET = 0.9  # the share of requests that must meet the SLO at a capacity (--attainment)
+RESOLUTION = 0.10  # the capacity search's relative precision (--resolution)
 BATCHES = 8  # consecutive-request batches the design effect is estimated from
 MIN_BATCH = 5  # fewest requests a batch holds; with fewer than two such batches no design effect
 
@@ -427,8 +429,8 @@ class CapacitySearch:
 
     def __init__(
         self,
-        target: float = 0.9,
-        resolution: float = 0.10,
+        target: float = ATTAINMENT_TARGET,
+        resolution: float = RESOLUTION,
         start_rate: float = 1.0,
         growth: float = 2.0,
         incumbent: float | None = None,

@@ -28,6 +28,8 @@ import numpy as np
 from tuner.client.driver import DriveResult, RequestRecord
 from tuner.engines.prometheus import parse_prometheus
 
+MAX_ERROR_RATE = 0.005  # the share of a run's requests that may fail: above it a trial (or stress run) failed
+
 
 def summarize(result: DriveResult) -> dict[str, float]:
     """The trial's summary metrics (see the module docstring for definitions); all values float."""

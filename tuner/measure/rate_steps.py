@@ -34,7 +34,10 @@ from tuner.client.transport import StreamTransport
 from tuner.engines.base import EngineAdapter
 from tuner.engines.prometheus import metric_total
 from tuner.measure.capacity import (
+    ATTAINMENT_TARGET,
+    CONFIDENCE,
     PASS,
+    RESOLUTION,
     SATURATED,
     STEADY_TRIM,
     UNDECIDED,
@@ -69,8 +72,8 @@ class CapacityPlan:
 
     tiers: Mapping[str, Mapping[str, float]]  # tier name -> SLO bounds in ms
     scored: tuple[str, ...]  # the tiers whose capacity is an objective value, in order
-    target: float = 0.9
-    resolution: float = 0.10
+    target: float = ATTAINMENT_TARGET
+    resolution: float = RESOLUTION
     start_rate: float = 1.0
     growth: float = 2.0
     max_steps: int = 10
@@ -80,7 +83,7 @@ class CapacityPlan:
     burstiness: float = 1.0
     seed: int = 0
     step_limit: int = 3  # an undecided step goes on up to this many times its minimum, looking once per minimum
-    confidence: float = 0.90  # the chance a decided step is decided right, over all its looks
+    confidence: float = CONFIDENCE  # the chance a decided step is decided right, over all its looks
 
     @property
     def z(self) -> float:

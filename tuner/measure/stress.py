@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from tuner.measure.failures import OOM_CLASSES, match_signature
+from tuner.measure.metrics import MAX_ERROR_RATE
 from tuner.workloads.base import Request, Workload
 
 STRESS_ROUNDS = 2
@@ -45,7 +46,6 @@ COLLAPSE_FACTOR = 3.0
 # A broken bound is judged tighter than the TTFT rule below (COLLAPSE_FACTOR), but a stress run is a
 # few dozen requests, so its p95 is nearly its maximum and noisy: twice the references, not a hair over.
 PEAK_TOLERANCE = 2.0
-MAX_ERROR_RATE = 0.005
 _P95 = {"ttft_p95_ms": "ttft_p95_ms", "tpot_p95_ms": "tpot_p95_ms", "e2e_p95_ms": "e2e_p95_ms"}
 
 

@@ -24,7 +24,7 @@ from tuner.engines.env import EngineEnv
 from tuner.errors import EngineLaunchError
 from tuner.measure.failures import classify_serve
 from tuner.measure.goodput import goodput, steady_throughput
-from tuner.measure.metrics import request_log, scrape_metrics, summarize
+from tuner.measure.metrics import MAX_ERROR_RATE, request_log, scrape_metrics, summarize
 from tuner.measure.process import ServerProcess, free_port, tail
 from tuner.measure.rate_steps import CapacityOutcome, CapacityPlan, Measured, measure_step, search_capacity
 from tuner.measure.stress import VERSION, peak_concurrency, stress_requests
@@ -88,7 +88,6 @@ def _describe(config: Config) -> str:
 
 
 # ---- from outcome ----
-MAX_ERROR_RATE = 0.005
 TTFT_AGREEMENT = 0.10  # client and server mean TTFT further apart than this: the trial is flagged
 RESET_PATIENCE_S = 30.0  # how long a busy server's refusal to empty its prefix cache is waited out
 RESET_POLL_S = 0.5

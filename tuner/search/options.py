@@ -8,6 +8,9 @@ from typing import Any
 
 from tuner.engines.base import Device
 from tuner.errors import ConfigError
+from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
+from tuner.search.scoring import DEFAULT_OBJECTIVE
+from tuner.workloads.base import DEFAULT_TIER
 
 DEFAULT_TRIALS = 6
 
@@ -35,12 +38,12 @@ class SearchOptions:
     verify: bool = False  # --verify: each tier's winner checked by the engine's own client at the end
     log_dir: Path = Path("studies/logs")
     boot_deadline_s: float = 300.0
-    objective: str = "capacity"
+    objective: str = DEFAULT_OBJECTIVE
     slo: dict[str, float] | None = None  # None: the workload preset's default SLOs (capacity: the scored tier's)
     slo_tiers: dict[str, dict[str, float]] = field(default_factory=dict)  # --slo TIER:...: a capacity tier's SLO
-    tier: str = "interactive"  # --objective capacity scores this tier
-    attainment: float = 0.9  # the share of requests that must meet the SLO at a capacity
-    resolution: float = 0.10  # the capacity search's relative precision
+    tier: str = DEFAULT_TIER  # --objective capacity scores this tier
+    attainment: float = ATTAINMENT_TARGET  # the share of requests that must meet the SLO at a capacity
+    resolution: float = RESOLUTION  # the capacity search's relative precision
     confidence: float | None = None  # how sure a step's decision must be (None: the device's default)
     gpu_price: float | None = None  # USD per GPU-hour: capacities priced per million output tokens
     sampler: str = "tpe"

@@ -34,6 +34,7 @@ OBJECTIVES: dict[str, tuple[tuple[str, StudyDirection], ...]] = {
 }
 
 
+DEFAULT_OBJECTIVE = "capacity"  # what tuner search optimises unless --objective says otherwise
 DIRECTIONS = [d for _, d in OBJECTIVES["pareto"]]  # TTFT p95 (minimise), output throughput (maximise)
 
 

@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 
 from tuner.errors import ConfigError, StorageError
+from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
+from tuner.search.scoring import DEFAULT_OBJECTIVE
 from tuner.study.storage import load_existing
+from tuner.workloads.base import DEFAULT_TIER
 
 
 def fill_from_study(args: argparse.Namespace) -> None:
@@ -41,14 +44,14 @@ def fill_from_study(args: argparse.Namespace) -> None:
     if not args.drafts:
         args.drafts = list(known.get("drafts") or [])
     if args.objective is None:
-        args.objective = attrs.get("objective", "pareto")
+        args.objective = attrs.get("objective", DEFAULT_OBJECTIVE)
     plan = attrs.get("capacity_plan") or {}
     if args.tier is None:
-        args.tier = (plan.get("scored") or ["interactive"])[0]
+        args.tier = (plan.get("scored") or [DEFAULT_TIER])[0]
     if args.attainment is None:
-        args.attainment = plan.get("target", 0.9)
+        args.attainment = plan.get("target", ATTAINMENT_TARGET)
     if args.resolution is None:
-        args.resolution = plan.get("resolution", 0.10)
+        args.resolution = plan.get("resolution", RESOLUTION)
     if args.confidence is None:
         args.confidence = plan.get("confidence")
     if args.slo is None and plan.get("tiers"):

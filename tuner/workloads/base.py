@@ -86,6 +86,7 @@ class Slo:
 
 
 TIER_NAMES = ("interactive", "relaxed")
+DEFAULT_TIER = TIER_NAMES[0]  # what --objective capacity scores unless --tier says otherwise
 
 
 @dataclass(frozen=True)
