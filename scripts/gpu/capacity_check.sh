@@ -6,21 +6,27 @@
 #     setsid nohup bash /root/state/cc-scripts/capacity_check.sh > /root/state/cc.log 2>&1 < /dev/null &
 # and poll it from later calls (waits up to WAIT_S for DONE, then puts what there is into $OUT):
 #   bash scripts/gpu/capacity_check.sh poll WAIT_S
+# The deadline can be moved while it runs: a file $STATE/cc.deadline (epoch seconds) overrides DEADLINE,
+# read again before every step (a step already running keeps the timeout it started with):
+#   echo EPOCH_S > /root/state/cc.deadline
 #
-# It unpacks the carried `git archive capacity-check-1` (.gpubundle/tuner-head.tar.gz) into $RUN and,
-# for each config in CFGS, boots ONE vLLM server (the engine wrapper, VLLM_SERVER_DEV_MODE=1 so the
-# tuner can reset the prefix cache, study.sh's compile caches, its log in $CKD/server_CFG.log):
-#   defaults: --max-model-len 2048
-#   draft:    --max-model-len 2048 --enable-chunked-prefill --max-num-batched-tokens 2048
+# It unpacks the carried `git archive` of the tag (.gpubundle/tuner-head.tar.gz, its commit in
+# .gpubundle/tuner-head.commit) into $RUN and, for each config in CFGS, boots ONE vLLM server (the engine
+# wrapper, VLLM_SERVER_DEV_MODE=1 so the tuner can reset the prefix cache, study.sh's compile caches,
+# its log in $CKD/server_CFG.log):
+#   defaults: --max-model-len 8192
+#   draft:    --max-model-len 8192 --enable-chunked-prefill --max-num-batched-tokens 2048
 #             --gpu-memory-utilization 0.9 --speculative-config {draft-2l, K=3, draft_model}
-# then, on that boot: `tuner drive --capacity --tier interactive --json` twice (drive_CFG_1.json,
-# drive_CFG_2.json); then `tuner verify --rate C --engine-env vllm=ENGINES/vllm` (C: the first drive's
-# interactive capacity) if the archive has that command (verify_CFG.json, its client's files in
-# verify_CFG/), else vLLM's `vllm bench serve` itself at 1.0x and 1.2x C after a prefix-cache reset
-# (bench_CFG_1.0.json, bench_CFG_1.2.json, on 2000 distinct prompts from `tuner workload rag
-# --requests 2000 --seed 0`, as top-level "prompt" lines); then a /metrics scrape (metrics_CFG_end.txt)
-# and the server's stop (its process group: SIGTERM, then SIGKILL after STOP_S).
-# Every step runs under `timeout`, clipped to DEADLINE (epoch seconds; 0: none), and a step that has
+# then runs that config's steps on that boot, in the order STEPS_CFG gives (words drive1, drive2, verify):
+#   STEPS_defaults="drive1 drive2 verify"   STEPS_draft="drive1 verify drive2"
+# driveN: `tuner drive --capacity --tier interactive --json` (drive_CFG_N.json, progress in .err);
+# verify: `tuner verify --rate C --engine-env vllm=ENGINES/vllm` (C: drive 1's interactive capacity;
+# verify_CFG.json, its client's files in verify_CFG/) if the archive has that command, else vLLM's
+# `vllm bench serve` itself at 1.0x and 1.2x C after a prefix-cache reset (bench_CFG_1.0.json,
+# bench_CFG_1.2.json, on 2000 distinct prompts from `tuner workload rag --requests 2000 --seed 0`).
+# After every step a /metrics scrape (metrics_CFG_STEP.txt) and its prefix-cache hit rate in the log;
+# at the end metrics_CFG_end.txt and the server's stop (its process group: SIGTERM, then SIGKILL after STOP_S).
+# Every step runs under `timeout`, clipped to the deadline (epoch seconds; 0: none), and a step that has
 # less than its minimum left is skipped, so one hang cannot eat the lease. Progress: $CKD/progress.log;
 # $CKD/DONE at the end.
 set -uo pipefail
@@ -37,8 +43,17 @@ if [ "${1:-}" = poll ]; then  # ---- a polling call: wait, then copy the results
   while [ "$(date +%s)" -lt "$end" ] && [ ! -f "$CKD/DONE" ]; do sleep 3; done
   OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   cp "$LOG" "$OUT/progress.log" 2>/dev/null
+  # small: what the report needs (drives, verify, hit rates, server logs' tails); big: the rest but the
+  # datasets and the client's per-request results, which travel alone (they can be many MB)
+  for f in "$CKD"/server_*.log; do [ -f "$f" ] && tail -200 "$f" > "${f%.log}.tail"; done
+  ( cd "$ROOT" && tar -czf "$OUT/cc-small.tar.gz" $(ls -d cc/progress.log cc/*.json cc/*.err cc/hit_*.txt \
+      cc/verify_*/*.log cc/server_*.tail state/*.probe state/setup.log state/models.log models/h200/DONE \
+      models/h200/target/config.json 2>/dev/null) 2>/dev/null )
   tar -czf "$OUT/cc.tar.gz" -C "$ROOT" --exclude=cc/custom.jsonl --exclude=cc/prompts.jsonl --exclude='dataset-*' \
+    --exclude='cc/verify_*/result-*' --exclude='*.jsonl' \
     $(cd "$ROOT" && ls -d cc state/*.log state/*.probe models/h200/DONE 2>/dev/null) 2>/dev/null
+  r=$(cd "$ROOT" && ls -d cc/verify_*/result-* 2>/dev/null)
+  [ -z "$r" ] || tar -czf "$OUT/verify-results.tar.gz" -C "$ROOT" $r 2>/dev/null
   tail -25 "$LOG" 2>/dev/null
   bash "$HERE/status.sh" 2>/dev/null | grep -v '^--- search' | head -12
   ls -la "$OUT"; date -u
@@ -47,11 +62,17 @@ fi
 
 DEADLINE=${DEADLINE:-0}
 CFGS=${CFGS:-defaults draft}
-PORT=8000
+STEPS_defaults=${STEPS_defaults:-drive1 drive2 verify}
+STEPS_draft=${STEPS_draft:-drive1 verify drive2}
+PORT=${PORT:-8000}
 URL=http://127.0.0.1:$PORT
-WAIT_S=${WAIT_S:-900} BOOT_S=${BOOT_S:-480} DRIVE_S=${DRIVE_S:-420} VERIFY_S=${VERIFY_S:-360}
+WAIT_S=${WAIT_S:-900} BOOT_S=${BOOT_S:-480} DRIVE_S=${DRIVE_S:-600} VERIFY_S=${VERIFY_S:-360}
 BENCH_S=${BENCH_S:-180} STOP_S=${STOP_S:-30}
-left() { if [ "$DEADLINE" -gt 0 ]; then echo $(( DEADLINE - $(date +%s) )); else echo 999999; fi; }
+DRIVE_MIN_S=${DRIVE_MIN_S:-150} VERIFY_MIN_S=${VERIFY_MIN_S:-120} BOOT_MIN_S=${BOOT_MIN_S:-200}
+deadline() {  # $STATE/cc.deadline (epoch seconds, one number) overrides DEADLINE while it runs
+  local d; d=$({ tr -dc 0-9 < "$STATE/cc.deadline"; } 2>/dev/null); echo "${d:-$DEADLINE}"
+}
+left() { local d; d=$(deadline); if [ "$d" -gt 0 ]; then echo $(( d - $(date +%s) )); else echo 999999; fi; }
 # budget T MIN: the seconds a step may take (T, clipped to the deadline), or nothing if under MIN
 budget() { local l; l=$(left); [ "$l" -lt "$1" ] || l=$1; [ "$l" -ge "$2" ] && echo "$l"; }
 
@@ -83,20 +104,29 @@ print(f"hits {tot['hits']:.0f} queries {q:.0f} rate {tot['hits'] / q:.4f}" if q 
 PY
 }
 
+recount() {  # recount DIR: bench_attainment of every client result file in DIR (my own count, all requests)
+  local f
+  for f in "$1"/result-*.json; do
+    [ -f "$f" ] && echo "recount $(basename "$f"): $(bench_attainment "$f" 2>&1 | tail -1)"
+  done
+}
+
 capacity_of() {  # capacity_of DRIVE_JSON: the interactive tier's capacity_req_s
   "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['capacity']['tiers']['interactive']['capacity_req_s'])" "$1" 2>/dev/null
 }
 
+SLO_TTFT_MS=${SLO_TTFT_MS:-300} SLO_TPOT_MS=${SLO_TPOT_MS:-100}  # rag's GPU interactive tier
 bench_attainment() {  # bench_attainment BENCH_JSON: interactive attainment over every request sent
-  "$PY" - "$1" <<'PY'
+  "$PY" - "$1" "$SLO_TTFT_MS" "$SLO_TPOT_MS" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
+TTFT, TPOT = float(sys.argv[2]), float(sys.argv[3])
 ok = n = 0
 for ttft, itl, out in zip(d["ttfts"], d["itls"], d["output_lens"]):
     n += 1
     if out and out > 1 and ttft is not None and ttft > 0:
         tpot = sum(itl) / (out - 1)
-        ok += ttft * 1e3 <= 200 and tpot * 1e3 <= 6
+        ok += ttft * 1e3 <= TTFT and tpot * 1e3 <= TPOT
 sent = d.get("num_prompts", n)
 print(f"attainment {ok / max(sent, n):.3f} ({ok} of {max(sent, n)}; completed {d.get('completed')}, "
       f"failed {d.get('failed')}, rate {d.get('request_rate')}, duration {d.get('duration', 0):.1f} s)")
@@ -119,7 +149,8 @@ stop_server() {  # the whole process group: SIGTERM, then SIGKILL after STOP_S
 }
 trap 'stop_server; log "interrupted"; touch "$CKD/DONE"; exit 1' TERM INT
 
-log "capacity_check started; DEADLINE $DEADLINE (left $(left) s), CFGS $CFGS"
+log "capacity_check started; deadline $(deadline) (left $(left) s), CFGS $CFGS"
+for cfg in $CFGS; do v=STEPS_$cfg; log "  $cfg: steps ${!v:-}"; done
 rm -rf "$RUN"; mkdir -p "$RUN"
 if [ -f "$REPO/.gpubundle/tuner-head.tar.gz" ]; then
   tar -xzf "$REPO/.gpubundle/tuner-head.tar.gz" -C "$RUN" \
@@ -171,13 +202,13 @@ if [ "$HAVE_VERIFY" = 0 ]; then gen_prompts & WPID=$!; fi
 
 for cfg in $CFGS; do
   case $cfg in
-    defaults) FLAGS=(--max-model-len 2048) ;;
-    draft) FLAGS=(--max-model-len 2048 --enable-chunked-prefill --max-num-batched-tokens 2048
+    defaults) FLAGS=(--max-model-len 8192) ;;
+    draft) FLAGS=(--max-model-len 8192 --enable-chunked-prefill --max-num-batched-tokens 2048
                   --gpu-memory-utilization 0.9 --speculative-config
                   "{\"model\": \"$MODELS/draft-2l\", \"num_speculative_tokens\": 3, \"method\": \"draft_model\"}") ;;
     *) log "unknown config $cfg"; continue ;;
   esac
-  b=$(budget "$BOOT_S" 200) || { log "$cfg: skipped, $(left) s left"; continue; }
+  b=$(budget "$BOOT_S" "$BOOT_MIN_S") || { log "$cfg: skipped, $(left) s left"; continue; }
   log "$cfg: booting: vllm serve ${FLAGS[*]}"
   tb=$(date +%s)
   VLLM_SERVER_DEV_MODE=1 setsid "$VLLM" -m vllm.entrypoints.openai.api_server --model "$MODELS/target" \
@@ -192,48 +223,57 @@ for cfg in $CFGS; do
   if [ "$up" != 1 ]; then log "$cfg: not up after $(( $(date +%s) - tb )) s"; stop_server; continue; fi
   log "$cfg: up after $(( $(date +%s) - tb )) s"
   cap=
-  for n in 1 2; do
-    t=$(budget "$DRIVE_S" 120) || { log "$cfg: drive $n skipped, $(left) s left"; continue; }
-    log "$cfg: drive $n (timeout $t s)"
-    ts=$(date +%s)
-    timeout -k 10 "$t" "${TUNER[@]}" drive --url "$URL" --workload rag --model "$MODELS/target" --capacity \
-      --tier interactive --json > "$CKD/drive_${cfg}_$n.json" 2> "$CKD/drive_${cfg}_$n.err"
-    rc=$?
-    c=$(capacity_of "$CKD/drive_${cfg}_$n.json")
-    log "$cfg: drive $n exited $rc after $(( $(date +%s) - ts )) s: interactive capacity ${c:-none}"
-    [ "$n" = 1 ] && cap=$c
+  v=STEPS_$cfg
+  for step in ${!v:-}; do
+    case $step in
+      drive[0-9]*) n=${step#drive}
+        t=$(budget "$DRIVE_S" "$DRIVE_MIN_S") || { log "$cfg: drive $n skipped, $(left) s left"; continue; }
+        log "$cfg: drive $n (timeout $t s)"
+        ts=$(date +%s)
+        timeout -k 10 "$t" "${TUNER[@]}" drive --url "$URL" --workload rag --model "$MODELS/target" --capacity \
+          --tier interactive --json > "$CKD/drive_${cfg}_$n.json" 2> "$CKD/drive_${cfg}_$n.err"
+        rc=$?
+        c=$(capacity_of "$CKD/drive_${cfg}_$n.json")
+        log "$cfg: drive $n exited $rc after $(( $(date +%s) - ts )) s: interactive capacity ${c:-none}"
+        [ "$n" = 1 ] && cap=$c ;;
+      verify)
+        if [ -z "$cap" ]; then
+          log "$cfg: no capacity from drive 1: no verify"; continue
+        elif [ "$HAVE_VERIFY" = 1 ]; then
+          if t=$(budget "$VERIFY_S" "$VERIFY_MIN_S"); then
+            log "$cfg: tuner verify --rate $cap (timeout $t s)"
+            ts=$(date +%s)
+            timeout -k 10 "$t" "${TUNER[@]}" verify --url "$URL" --workload rag --model "$MODELS/target" --rate "$cap" \
+              --tier interactive --engine-env "vllm=$ENGINES/vllm" --out "$CKD/verify_$cfg" --json \
+              > "$CKD/verify_$cfg.json" 2> "$CKD/verify_$cfg.err"
+            log "$cfg: verify exited $? after $(( $(date +%s) - ts )) s; $(head -c 600 "$CKD/verify_$cfg.json")"
+            recount "$CKD/verify_$cfg" >> "$CKD/hit_$cfg.txt" 2>&1
+          else log "$cfg: verify skipped, $(left) s left"; continue; fi
+        else
+          [ -z "$WPID" ] || { wait "$WPID"; WPID=; }
+          for f in 1.0 1.2; do
+            t=$(budget "$BENCH_S" 60) || { log "$cfg: bench at ${f}x skipped, $(left) s left"; continue; }
+            r=$("$PY" -c "print(float('$cap') * $f)"); np=$("$PY" -c "import math; print(math.ceil(30 * $r))")
+            http POST "$URL/reset_prefix_cache" > /dev/null 2>&1 && pr=reset || pr="reset FAILED"
+            log "$cfg: vllm bench serve at ${f}x = $r req/s, $np prompts (prefix cache $pr; timeout $t s)"
+            timeout -k 10 "$t" "$VLLM" -m vllm.entrypoints.cli.main bench serve --backend vllm --base-url "$URL" \
+              --model "$MODELS/target" --dataset-name custom --dataset-path "$CKD/prompts.jsonl" --skip-chat-template \
+              --custom-output-len 512 --ignore-eos --request-rate "$r" --num-prompts "$np" --seed 0 \
+              --goodput ttft:"$SLO_TTFT_MS" tpot:"$SLO_TPOT_MS" --save-result --save-detailed --result-dir "$CKD" \
+              --result-filename "bench_${cfg}_$f.json" > "$CKD/bench_${cfg}_$f.log" 2>&1
+            rc=$?
+            log "$cfg: bench at ${f}x exited $rc; $(bench_attainment "$CKD/bench_${cfg}_$f.json" 2>&1 | tail -1)"
+          done
+        fi ;;
+      *) log "$cfg: unknown step $step"; continue ;;
+    esac
+    http GET "$URL/metrics" > "$CKD/metrics_${cfg}_$step.txt" 2>/dev/null \
+      && { h=$(hit_rate "$CKD/metrics_${cfg}_$step.txt"); log "$cfg: prefix cache after $step: $h"
+           echo "after $step: $h" >> "$CKD/hit_$cfg.txt"; }
   done
-  http GET "$URL/metrics" > "$CKD/metrics_${cfg}_drives.txt" 2>/dev/null \
-    && log "$cfg: prefix cache after the drives: $(hit_rate "$CKD/metrics_${cfg}_drives.txt")"
-  if [ -z "$cap" ]; then
-    log "$cfg: no capacity from drive 1: no verify"
-  elif [ "$HAVE_VERIFY" = 1 ]; then
-    if t=$(budget "$VERIFY_S" 90); then
-      log "$cfg: tuner verify --rate $cap (timeout $t s)"
-      ts=$(date +%s)
-      timeout -k 10 "$t" "${TUNER[@]}" verify --url "$URL" --workload rag --model "$MODELS/target" --rate "$cap" \
-        --tier interactive --engine-env "vllm=$ENGINES/vllm" --out "$CKD/verify_$cfg" --json \
-        > "$CKD/verify_$cfg.json" 2> "$CKD/verify_$cfg.err"
-      log "$cfg: verify exited $? after $(( $(date +%s) - ts )) s; $(head -c 600 "$CKD/verify_$cfg.json")"
-    else log "$cfg: verify skipped, $(left) s left"; fi
-  else
-    [ -z "$WPID" ] || { wait "$WPID"; WPID=; }
-    for f in 1.0 1.2; do
-      t=$(budget "$BENCH_S" 60) || { log "$cfg: bench at ${f}x skipped, $(left) s left"; continue; }
-      r=$("$PY" -c "print(float('$cap') * $f)"); np=$("$PY" -c "import math; print(math.ceil(30 * $r))")
-      http POST "$URL/reset_prefix_cache" > /dev/null 2>&1 && pr=reset || pr="reset FAILED"
-      log "$cfg: vllm bench serve at ${f}x = $r req/s, $np prompts (prefix cache $pr; timeout $t s)"
-      timeout -k 10 "$t" "$VLLM" -m vllm.entrypoints.cli.main bench serve --backend vllm --base-url "$URL" \
-        --model "$MODELS/target" --dataset-name custom --dataset-path "$CKD/prompts.jsonl" --skip-chat-template \
-        --custom-output-len 48 --ignore-eos --request-rate "$r" --num-prompts "$np" --seed 0 \
-        --goodput ttft:200 tpot:6 --save-result --save-detailed --result-dir "$CKD" \
-        --result-filename "bench_${cfg}_$f.json" > "$CKD/bench_${cfg}_$f.log" 2>&1
-      rc=$?
-      log "$cfg: bench at ${f}x exited $rc; $(bench_attainment "$CKD/bench_${cfg}_$f.json" 2>&1 | tail -1)"
-    done
-  fi
   http GET "$URL/metrics" > "$CKD/metrics_${cfg}_end.txt" 2>/dev/null \
-    && log "$cfg: prefix cache at the end: $(hit_rate "$CKD/metrics_${cfg}_end.txt")"
+    && { h=$(hit_rate "$CKD/metrics_${cfg}_end.txt"); log "$cfg: prefix cache at the end: $h"
+         echo "end: $h" >> "$CKD/hit_$cfg.txt"; }
   stop_server
 done
 log "done; $(left) s left"

@@ -13,7 +13,15 @@ if ! alive "$STATE/setup.pid" && [ ! -f "$STATE/setup.done" ]; then
   echo $! > "$STATE/setup.pid"
 fi
 if ! alive "$STATE/models.pid" && [ ! -f "$MODELS/DONE" ] && [ ! -f "$STATE/models.failed" ]; then
-  cp tuner/engines/scripts/make_models.py tuner/workloads/corpus.txt "$STATE/"
+  # the generator and corpus of the carried tag's archive where there is one (the working tree's copy may be
+  # mid-edit), else the working tree's
+  if [ -f .gpubundle/tuner-head.tar.gz ] && tar -xzf .gpubundle/tuner-head.tar.gz -C "$STATE" --strip-components=0 \
+      tuner/engines/scripts/make_models.py tuner/workloads/corpus.txt 2>/dev/null; then
+    cp "$STATE/tuner/engines/scripts/make_models.py" "$STATE/tuner/workloads/corpus.txt" "$STATE/"
+    echo "models: make_models.py and corpus.txt from .gpubundle/tuner-head.tar.gz ($(cat .gpubundle/tuner-head.commit 2>/dev/null))"
+  else
+    cp tuner/engines/scripts/make_models.py tuner/workloads/corpus.txt "$STATE/"
+  fi
   setsid nohup bash "$STATE/scripts/gen_models.sh" > "$STATE/models.log" 2>&1 < /dev/null &
   echo $! > "$STATE/models.pid"
 fi

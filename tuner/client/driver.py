@@ -23,6 +23,7 @@ import gc
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import httpx
@@ -69,6 +70,7 @@ class _Run:
     timeout_s: float
     in_flight: asyncio.Semaphore
     on_record: Callable[[RequestRecord], None] | None
+    on_first_token: Callable[[str, float], None] | None = None
     started_s: float = field(default_factory=time.perf_counter)
     records: list[RequestRecord | None] = field(default_factory=list)
 
@@ -86,7 +88,9 @@ class _Run:
                 payload = _payload(request, self.model, history)
                 async with self.in_flight:
                     url = self.base_url.rstrip("/") + request.endpoint
-                    record, text = await send(self.client, url, payload, request.request_id, self.timeout_s)
+                    heard = self.on_first_token
+                    first = None if heard is None else partial(heard, request.request_id)
+                    record, text = await send(self.client, url, payload, request.request_id, self.timeout_s, first)
                 history = _History(payload, text) if record.error is None else None
             record = replace(record, scheduled_s=due)
             self.records[index] = record
@@ -103,11 +107,14 @@ async def drive(
     concurrency: int,
     request_timeout_s: float = 120.0,
     on_record: Callable[[RequestRecord], None] | None = None,
+    on_first_token: Callable[[str, float], None] | None = None,
 ) -> DriveResult:
-    """Send ``requests`` (see the module docstring); records come back in request order."""
+    """Send ``requests`` (see the module docstring); records come back in request order.
+    ``on_record`` hears of each request as it ends, ``on_first_token(id, t)`` of its first token."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    run = _Run(client, base_url, model, requests, request_timeout_s, asyncio.Semaphore(concurrency), on_record)
+    run = _Run(client, base_url, model, requests, request_timeout_s, asyncio.Semaphore(concurrency), on_record,
+               on_first_token)  # fmt: skip
     run.records = [None] * len(requests)
     groups = units(requests)
     if any(r.arrival_s is not None for r in requests):  # open loop: every unit on its own schedule

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,14 +51,17 @@ class _Stream:
     last_byte_s: float | None = None
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    on_first_token: Callable[[float], None] | None = None  # told the first token's time as it arrives
 
 
 async def send(
-    client: httpx.AsyncClient, url: str, payload: dict[str, Any], request_id: str, timeout_s: float
-) -> tuple[RequestRecord, str]:
-    """POST ``payload`` (streaming options added) to ``url``; the record and the response text."""
+    client: httpx.AsyncClient, url: str, payload: dict[str, Any], request_id: str, timeout_s: float,
+    on_first_token: Callable[[float], None] | None = None,
+) -> tuple[RequestRecord, str]:  # fmt: skip
+    """POST ``payload`` (streaming options added) to ``url``; the record and the response text.
+    ``on_first_token(t)`` hears of the first token while the request still runs (a step's monitor)."""
     payload = {**payload, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    stream = _Stream()
+    stream = _Stream(on_first_token=on_first_token)
     detail: str | None = None
     sent_s = time.perf_counter()
     try:
@@ -148,6 +152,8 @@ def _absorb_chunk(chunk: dict[str, Any], stream: _Stream, now: float) -> None:
         delta = choice.get("delta")
         text = delta.get("content") if isinstance(delta, dict) else None
     if text:
+        if not stream.token_times_s and stream.on_first_token is not None:
+            stream.on_first_token(now)
         stream.token_times_s.append(now)
         stream.text.append(str(text))
         # continuous usage tells how many tokens this chunk carried; without it, count one

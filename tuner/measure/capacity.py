@@ -13,8 +13,10 @@ Rules, chosen so the answer is conservative and the search always ends:
 - saturation: the number of requests in flight, sampled across the steady window, grows with a
   least-squares slope above ``SATURATION_SHARE`` of the arrival rate, and by more than Poisson noise
   moves it (``SATURATION_RISE`` requests, or three square roots of the mean in flight, whichever is
-  more): completions lag arrivals, so the queue never settles. Mid-step it is judged only over at
-  least ``MIN_WATCH_S`` after warm-up, since in-flight climbs to its level in a step's first seconds.
+  more): completions lag arrivals, so the queue never settles. In-flight climbs to its level for as
+  long as a request lives, so growth is judged only from one lifetime (the longest of the step's
+  first requests, ``settled_from``) after the first send, and mid-step only over at least
+  ``MIN_WATCH_S`` from there.
 - decided, not drawn: a step's attainment is a proportion with an interval (``attainment_interval``).
   It passes only when the interval's lower end is at or above the target, and fails only when its
   upper end is below it; otherwise it is *undecided*, and the step goes on serving (up to its limit)
@@ -48,6 +50,7 @@ SATURATION_RISE = 8.0  # fewest requests the in-flight count must rise by, so Po
 SATURATION_SAMPLES = 32
 # Poisson arrivals make in-flight wander by about its square root: a rise is believed above 3 of those.
 SATURATION_SIGMAS = 3.0
+SETTLE_SHARE = 0.25  # the first requests of a step, whose lifetimes tell how long in-flight climbs
 MIN_WATCH_S = 5.0  # mid-step, saturation is judged over at least this long after warm-up, never on a glimpse
 FLOOR_DIVISOR = 8.0  # with no incumbent, halve down to start_rate / 8 before reporting no capacity
 PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at 0.75 * c
@@ -163,11 +166,18 @@ def resolved_until(rows: Sequence[Row], slo: Mapping[str, float], start_s: float
 
 
 def _known(row: Row, slo: Mapping[str, float], now_s: float) -> bool:
-    # A running request's first token is not seen until it ends, so only an e2e bound already
-    # passed makes its outcome known early.
+    # A running request's outcome is known early only as a miss: a bound already passed (its first
+    # token late, or not there yet past the TTFT bound, or the e2e bound gone by).
     if row.get("error") is not None or row.get("done_s") is not None:
         return True
-    return (now_s - float(row["sent_s"])) * 1e3 > slo.get("e2e_p95_ms", math.inf)
+    return _past_a_bound(row, slo, now_s)
+
+
+def _past_a_bound(row: Row, slo: Mapping[str, float], now_s: float) -> bool:
+    """Whether a request still running has already missed ``slo``, whatever happens next."""
+    sent, first = float(row["sent_s"]), row.get("first_s")
+    ttft_ms = ((now_s if first is None else float(first)) - sent) * 1e3
+    return ttft_ms > slo.get("ttft_p95_ms", math.inf) or (now_s - sent) * 1e3 > slo.get("e2e_p95_ms", math.inf)
 
 
 def outcomes_in(rows: Iterable[Row], slo: Mapping[str, float], start_s: float, end_s: float) -> list[bool]:
@@ -190,6 +200,22 @@ def _end_s(row: Row) -> float:
     return math.inf if row.get("error") is None else float(row["sent_s"])
 
 
+def settled_from(rows: Sequence[Row], start_s: float, end_s: float) -> float | None:
+    """When the requests in flight should have reached their level, no sooner than ``start_s``.
+
+    In-flight climbs for as long as a request lives, at any rate. How long that is, is read from the
+    requests sent first (the first ``SETTLE_SHARE`` of the time up to ``end_s``), which met an empty
+    server: the longest of their lifetimes, after the first send. Later requests are not used, since
+    at a rate the server cannot carry their lifetimes grow with the queue. None while one of those
+    first requests still runs: no climb can be told from a pile-up yet."""
+    first = min(float(r["sent_s"]) for r in rows)
+    early = [r for r in rows if float(r["sent_s"]) <= first + SETTLE_SHARE * (end_s - first)]
+    if any(r.get("done_s") is None and r.get("error") is None for r in early):
+        return None
+    lives = [float(r["done_s"]) - float(r["sent_s"]) for r in early if r.get("done_s") is not None]
+    return max(start_s, first + max(lives, default=0.0))
+
+
 def saturated(
     rows: Sequence[Row],
     start_s: float,
@@ -197,10 +223,16 @@ def saturated(
     *,
     share: float = SATURATION_SHARE,
     min_rise: float = SATURATION_RISE,
+    min_span_s: float = 0.0,
 ) -> bool:
-    """Whether in-flight requests keep piling up over [start_s, end_s]; with end_s = now it works mid-step."""
+    """Whether in-flight requests keep piling up over [start_s, end_s], judged from when they should
+    have settled (``settled_from``) and over at least ``min_span_s``; with end_s = now it works mid-step."""
+    settled = settled_from(rows, start_s, end_s) if rows else None
+    if settled is None:
+        return False
+    start_s = settled
     span = end_s - start_s
-    if span <= 0 or not rows:
+    if span <= 0 or span < min_span_s:
         return False
     sent = np.array([float(row["sent_s"]) for row in rows])
     ends = np.array([_end_s(row) for row in rows])
@@ -243,22 +275,17 @@ def cut_reason(
 ) -> str | None:
     """Why a step should stop now (``SATURATED`` or ``COLLAPSED``), or None to go on. Stored on the step,
     since the figures at its end are judged over another window and may show neither."""
-    if now_s - warmup_s >= MIN_WATCH_S and saturated(rows, warmup_s, now_s):
+    if saturated(rows, warmup_s, now_s, min_span_s=MIN_WATCH_S):
         return SATURATED
     good = bad = 0
     for row in rows:
         if float(row["sent_s"]) < warmup_s:
             continue
         times = request_ms(row)
-        age_ms = (now_s - float(row["sent_s"])) * 1e3
         if times is not None:
             good, bad = (good + 1, bad) if meets_slo(*times, slo) else (good, bad + 1)
-        elif row.get("error") is not None:
-            bad += 1
-        elif (row.get("first_s") is None and age_ms > slo.get("ttft_p95_ms", math.inf)) or age_ms > slo.get(
-            "e2e_p95_ms", math.inf
-        ):
-            bad += 1  # still running but already past a bound: a miss whatever happens next
+        elif row.get("error") is not None or _past_a_bound(row, slo, now_s):
+            bad += 1  # failed, or still running but already past a bound: a miss whatever happens next
     return COLLAPSED if good + bad >= MIN_DECIDED and collapsed(good / (good + bad), target) else None
 
 

@@ -147,14 +147,33 @@ def step_requests(supply: RequestSupply, rate: float, plan: CapacityPlan) -> tup
     return out, replayed
 
 
-def _rows(records: Sequence[RequestRecord], requests: Sequence[Request], started_s: float, now_s: float) -> list[Row]:
-    """Rows of the requests ended so far, plus those released and still running (no end yet)."""
+def slowest_passing_s(plan: CapacityPlan, requests: Sequence[Request]) -> float:
+    """The longest a request of ``requests`` may take and still meet a scored tier's SLO: the drain a
+    step waits past its last release, so a long answer that is on time is never cut and counted a
+    miss (capped at the request timeout; a step whose requests all end sooner ends sooner)."""
+    longest = max((r.max_tokens for r in requests), default=1)
+    allowed = []
+    for tier in plan.scored:
+        slo = plan.tiers[tier]
+        by_parts = (slo.get("ttft_p95_ms", math.inf) + slo.get("tpot_p95_ms", math.inf) * max(longest - 1, 0)) / 1e3
+        allowed.append(min(by_parts, slo.get("e2e_p95_ms", math.inf) / 1e3))
+    return min(max(allowed, default=0.0), REQUEST_TIMEOUT_S)
+
+
+def _rows(
+    records: Sequence[RequestRecord], requests: Sequence[Request], started_s: float, now_s: float,
+    firsts: Mapping[str, float] | None = None,
+) -> list[Row]:  # fmt: skip
+    """Rows of the requests ended so far, plus those released and still running (no end yet; their
+    first token where ``firsts``, the perf-counter times the driver heard of, has it)."""
     ended = {r.request_id for r in records}
     rows: list[Row] = [request_row(r, started_s) for r in records]
     for request in requests:
         if request.request_id not in ended and request.arrival_s is not None and request.arrival_s <= now_s:
-            rows.append({"sent_s": request.arrival_s, "first_s": None, "done_s": None, "output_tokens": 0,
-                         "prompt_tokens": request.prompt_tokens, "error": None})  # fmt: skip
+            first = (firsts or {}).get(request.request_id)
+            rows.append({"sent_s": request.arrival_s, "first_s": None if first is None else first - started_s,
+                         "done_s": None, "output_tokens": 0, "prompt_tokens": request.prompt_tokens,
+                         "error": None})  # fmt: skip
     return rows
 
 
@@ -169,11 +188,22 @@ async def _serve_step(
     """Drive ``requests`` open loop; cancel at ``deadline_s``, or when ``stop`` gives a reason (returned).
     ``queue(now)`` is called about every ``QUEUE_EVERY_S`` to sample the server's waiting queue."""
     records: list[RequestRecord] = []
+    # the first tokens of requests still running: a request 4 s into a long answer has had its first
+    # token long ago, and the monitor must not read it as one still waiting past the TTFT bound
+    firsts: dict[str, float] = {}
     transport = StreamTransport(max_connections=len(requests))
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as client:
         started = time.perf_counter()
         task = asyncio.create_task(
-            drive(client, base_url, model, requests, concurrency=len(requests), on_record=records.append)
+            drive(
+                client,
+                base_url,
+                model,
+                requests,
+                concurrency=len(requests),
+                on_record=records.append,
+                on_first_token=firsts.__setitem__,
+            )  # fmt: skip
         )
         reason: str | None = None
         cut = False
@@ -184,7 +214,7 @@ async def _serve_step(
             if queue is not None and now - sampled >= QUEUE_EVERY_S:
                 sampled = now
                 await asyncio.to_thread(queue, now)
-            reason = None if now > deadline_s else stop(_rows(records, requests, started, now), now)
+            reason = None if now > deadline_s else stop(_rows(records, requests, started, now, firsts), now)
             if now > deadline_s or reason is not None:
                 cut = True
                 task.cancel()
@@ -260,7 +290,7 @@ def measure_step(
                 queue.append((now, metric_total(samples, gauge)))
 
         before = scrape_metrics(client, base_url)
-        deadline = schedule_s + max(MIN_DRAIN_S, DRAIN_SHARE * looks.look_s)
+        deadline = schedule_s + max(MIN_DRAIN_S, DRAIN_SHARE * looks.look_s, slowest_passing_s(plan, requests))
         records, started, ended, reason = asyncio.run(
             _serve_step(base_url, model, requests, deadline, stop, sample if gauge else None)
         )

@@ -210,3 +210,26 @@ def test_callback_error_stops_the_run_and_surfaces_as_is() -> None:
     client = httpx.AsyncClient(transport=httpx.MockTransport(_sse([_chunk("a", 1), "data: [DONE]"])))
     with pytest.raises(RuntimeError, match="abort trial"):
         drive_sync(client, BASE_URL, "m", [_request(i) for i in range(6)], concurrency=2, on_record=explode)
+
+
+def test_the_first_token_is_heard_while_the_request_still_runs() -> None:
+    """A step's monitor reads in-flight requests: their first token must reach it before they end."""
+    heard: dict[str, float] = {}
+    seen_running: list[bool] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        yield (_chunk("a", 1) + "\n\n").encode()
+        await asyncio.sleep(0.05)
+        seen_running.append("r0000" in heard)  # the first token is known, the request not yet ended
+        for line in (_chunk("b", 2), _chunk(None, 2), "data: [DONE]"):
+            yield (line + "\n\n").encode()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body(), headers={"content-type": "text/event-stream"})
+
+    async def go() -> DriveResult:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await drive(client, BASE_URL, "m", [_request()], concurrency=1, on_first_token=heard.__setitem__)
+
+    (record,) = asyncio.run(go()).records
+    assert seen_running == [True] and heard == {"r0000": record.first_token_s}

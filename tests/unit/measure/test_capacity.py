@@ -376,9 +376,11 @@ def test_a_look_counts_only_requests_whose_outcome_is_known_in_send_order() -> N
 
     rows = [{"sent_s": float(i), "first_s": i + 0.1, "done_s": i + 0.2, "output_tokens": 8, "error": None}
             for i in range(10)]  # fmt: skip
-    rows[4] = {**rows[4], "first_s": None, "done_s": None}  # still running: the slow one
+    rows[4] = {**rows[4], "done_s": None}  # still running, its first token in time: the slow one
     assert resolved_until(rows, {"ttft_p95_ms": 200.0}, 1.0, now_s=10.0) == 3.0
     assert resolved_until(rows, {"e2e_p95_ms": 1000.0}, 1.0, now_s=10.0) == 9.0, "past its e2e bound: a known miss"
+    rows[4] = {**rows[4], "first_s": None}  # no first token 6 s after it was sent: a known miss too
+    assert resolved_until(rows, {"ttft_p95_ms": 200.0}, 1.0, now_s=10.0) == 9.0
 
 
 def test_the_servers_waiting_queue_growing_is_told_from_noise() -> None:
@@ -400,3 +402,51 @@ def test_a_capacity_records_the_bracket_it_was_resolved_in_and_the_interval_at_i
     assert low == result.capacity_req_s and high is not None and low <= 3.0 < high and (high - low) / low <= 0.1
     record = result.as_dict()
     assert record["bracket_req_s"] == [low, high] and record["attainment_interval"][0] >= 0.9
+
+
+# --- long answers: a request lives seconds, and the monitor must not read that as a pile-up -------
+
+
+def long_answers(rate: float, until: float, life: float = 4.5, ttft: float = 0.15) -> list[dict[str, Any]]:
+    """A server that keeps up: every request gets its first token in ``ttft`` and ends ``life`` after
+    it was sent; those still running at ``until`` have their first token (heard live) but no end."""
+    rows = []
+    for i in range(int(rate * until)):
+        sent = i / rate
+        done = sent + life
+        rows.append({**row(sent, ttft, life, tokens=512), **({"done_s": None} if done > until else {})})
+    return rows
+
+
+def test_the_climb_of_long_answers_is_no_saturation_and_no_collapse() -> None:
+    slo = {"ttft_p95_ms": 300.0, "tpot_p95_ms": 100.0}
+    for now in (6.6, 8.4, 12.0, 17.0):  # where the H200 drives were cut (capacity-check-2)
+        seen = long_answers(3.17, now)
+        assert cut_reason(seen, slo, 0.9, now_s=now, warmup_s=1.5) is None, now
+        assert not saturated(seen, 1.5, now)
+    # the same server, had the first tokens of running requests not been heard: every one past 300 ms
+    blind = [{**r, "first_s": None} if r["done_s"] is None else r for r in long_answers(3.17, 8.4)]
+    assert cut_reason(blind, slo, 0.9, now_s=8.4, warmup_s=1.5) == "collapsed"
+
+
+def test_a_real_pile_up_of_long_answers_is_still_saturation() -> None:
+    """Lifetimes that grow with the queue: the first requests tell the climb, the rest pile up."""
+    rows, free = [], 0.0
+    for i in range(int(4.0 * 30.0)):  # 4 req/s into a server that finishes one every 0.4 s after 4 s
+        sent = i / 4.0
+        free = max(free, sent + 4.0) + 0.4 if i else sent + 4.0
+        rows.append(row(sent, 0.15, free - sent, tokens=512))
+    assert saturated(rows, 3.0, 27.0)
+
+
+def test_a_step_waits_as_long_as_a_passing_request_can_take() -> None:
+    from tuner.measure.rate_steps import CapacityPlan, slowest_passing_s
+    from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request
+
+    plan = CapacityPlan(tiers={"interactive": {"ttft_p95_ms": 300.0, "tpot_p95_ms": 100.0},
+                               "relaxed": {"ttft_p95_ms": 600.0, "tpot_p95_ms": 200.0}},
+                        scored=("interactive",))  # fmt: skip
+    long = [Request(f"r{i}", COMPLETIONS_ENDPOINT, {}, 10, n) for i, n in enumerate((256, 768, 512))]
+    assert slowest_passing_s(plan, long) == pytest.approx(0.3 + 0.1 * 767)  # the longest answer, just in time
+    e2e = CapacityPlan(tiers={"interactive": {"e2e_p95_ms": 3000.0}}, scored=("interactive",))
+    assert slowest_passing_s(e2e, long) == pytest.approx(3.0)
