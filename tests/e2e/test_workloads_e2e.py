@@ -27,6 +27,7 @@ import pytest
 from tests.e2e.conftest import tuner
 from tests.e2e.presets import REQUESTS, Measured, Served, measure_presets, serve
 from tuner.engines.env import EngineEnv
+from tuner.workloads import rag
 
 pytestmark = pytest.mark.engine
 
@@ -72,9 +73,11 @@ def test_agent_turns_carry_the_actual_previous_response(measured: dict[str, Meas
 
 def test_prefix_cache_hit_rates(measured: dict[str, Measured]) -> None:
     rates = {name: m.hit_rate for name, m in measured.items()}
-    assert rates["rag"] >= 0.5, rates
-    assert rates["agent"] >= 0.5, rates
-    assert rates["chat"] <= 0.25, rates
+    # rag shares its reuse share (40 %) of each prompt; the CPU build counts only whole 128-token
+    # blocks of it, so the server sees less, but never more (reports/workloads.md)
+    assert 0.2 <= rates["rag"] <= rag.DEFAULT_REUSE + 0.02, rates
+    assert rates["agent"] >= 0.3, rates  # a later turn re-sends its session so far
+    assert rates["chat"] <= 0.25, rates  # almost nothing shared beyond a few multi-turn conversations
 
 
 def test_open_loop_presets_send_on_schedule(measured: dict[str, Measured]) -> None:
