@@ -6,6 +6,7 @@ a lint error or a type error, as CI must.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -43,3 +44,33 @@ def test_the_layers_check_fails_on_an_upward_import(tmp_path: Path) -> None:
     done = subprocess.run([str(BIN / "lint-imports")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={"PYTHONPATH": str(tmp_path), "PATH": str(BIN)}, check=False)  # fmt: skip
     assert done.returncode != 0 and "tuner.engines.base -> tuner.cli.main" in done.stdout, done.stdout[-3000:]
+
+
+# A measured figure belongs in a report, stamped with the run that measured it; code and docs say
+# the reason in words and link the report section. What gives one away: a number with a unit of
+# time, rate or share on the same line as a word that says it was observed.
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|req/s|tok/s|%|s)(?![\w/])")
+OBSERVED = re.compile(
+    r"\b(measured|took|saw|came out|on an? H200|on the H200|on 2 cores|in a CI run|saved|queued)\b", re.I
+)
+
+
+def measured_figures(paths: list[Path], base: Path = ROOT) -> list[str]:
+    found = []
+    for path in paths:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if FIGURE.search(line) and OBSERVED.search(line):
+                found.append(f"{path.relative_to(base)}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def test_no_measured_figure_in_code_or_docs() -> None:
+    paths = sorted((ROOT / "tuner").rglob("*.py")) + sorted((ROOT / "docs").rglob("*.md"))
+    assert measured_figures(paths) == []
+
+
+def test_the_figure_check_finds_one(tmp_path: Path) -> None:
+    """Not vacuous: a comment quoting what a boot took on the H200 is caught, a stated bound is not."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("# boots took 70-175 s on the H200\nGRACE_S = 10.0  # SIGKILL after 10 s\n")
+    assert measured_figures([planted], tmp_path) == ["planted.py:1: # boots took 70-175 s on the H200"]

@@ -1,8 +1,8 @@
 """An httpx transport on plain asyncio streams (HTTP/1.1 only): the wire under the driver's own client.
 
-httpcore, httpx's default wire, was the driver's largest CPU cost per streamed request (0.73 ms
-at concurrency 1-8 and 5.9 ms at 64 on 2 cores, where a whole request through the driver on this
-transport costs 0.36 ms: ``bench_driver_capacity``), and a one-process client's CPU shows up in
+httpcore, httpx's default wire, was the driver's largest CPU cost per streamed request, several
+times what a whole request through the driver costs on this transport, and more at high
+concurrency (reports/measurement.md, ``driver_capacity``), and a one-process client's CPU shows up in
 TTFT. So httpx stays (the seam tests inject, request building, decoding) and only the wire is
 replaced. At most ``max_connections`` are open, idle and busy together. A connection returns to
 the pool only once its body was read to the end (chunked, Content-Length; a body ended by EOF

@@ -151,8 +151,8 @@ class SglangAdapter(EngineAdapter):
         accept_len = gauge("sglang:spec_accept_length")
         speculating = accept_len is not None and accept_len >= 1.0
         prompts = delta("sglang:prompt_tokens_total")
-        # The cache_hit_rate gauge read 0.0 through a whole H200 study whose counters said 84 %
-        # (reports/gpu-h200.md): the counters over the drive are the measure.
+        # The cache_hit_rate gauge read 0.0 through a whole H200 study whose counters showed most prompt
+        # tokens cached (reports/gpu-h200.md, "What surprised me"): the counters over the drive are the measure.
         hit_rate = delta("sglang:cached_tokens_total") / prompts if prompts > 0 else gauge("sglang:cache_hit_rate")
         ttft_mean = histogram_mean_delta(before, after, self.ttft_histogram)
         return {

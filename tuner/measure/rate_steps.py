@@ -188,8 +188,8 @@ async def _serve_step(
     """Drive ``requests`` open loop; cancel at ``deadline_s``, or when ``stop`` gives a reason (returned).
     ``queue(now)`` is called about every ``QUEUE_EVERY_S`` to sample the server's waiting queue."""
     records: list[RequestRecord] = []
-    # the first tokens of requests still running: a request 4 s into a long answer has had its first
-    # token long ago, and the monitor must not read it as one still waiting past the TTFT bound
+    # the first tokens of requests still running: a request seconds into a long answer has had its
+    # first token long ago, and the monitor must not read it as one still waiting past the TTFT bound
     firsts: dict[str, float] = {}
     transport = StreamTransport(max_connections=len(requests))
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as client:

@@ -12,11 +12,11 @@ finalist repeats. A pruned trial is stored as PRUNED with the checkpoint, its ru
 the drive time it saved (the time left at its own pace).
 
 Pruning is only worth it where the drive is long against the boot. A pruned trial has paid its boot
-and loses its final metrics and server statistics; on an H200, where boots take 70-175 s and the
-workload 3-6 s, pruning saved 4-10 s a trial (reports/gpu-h200.md). So a trial is not pruned when
-the time it would save is under ``MIN_SAVED_OF_BOOT`` of its own boot time: none of those four
-(they saved 5-11 % of their boots), and on the CPU build (boots of about 18 s, drives of 2-10 s)
-only the long drives.
+and loses its final metrics and server statistics; on an H200, where a boot takes minutes and a
+one-load workload seconds, pruning saved a small share of each pruned trial's boot
+(reports/gpu-h200.md, "The second lease"). So a trial is not pruned when the time it would save is
+under ``MIN_SAVED_OF_BOOT`` of its own boot time: none of those H200 trials, and on the CPU build,
+where boots are short too, only the long drives.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 vLLM refuses, at engine start, a speculative config whose draft slots leave no token to schedule
 ("max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"; vLLM 0.26 on
-the H200 rejected chunk 512 and 1024 with a draft model, 22-31 s into each boot). The direction of
+the H200 rejected the smaller chunks with a draft model, each well into its boot:
+reports/gpu-h200/capacity/block4/NOTES.md). The direction of
 that budget does not change between versions: fewer batched tokens (``chunk_size``), more draft
 slots per request or more sequences only make it worse. So a config that is no easier than a
 rejected one on all three, with the same engine, is rejected alike and recorded as

@@ -159,7 +159,7 @@ class Parameters(_Strict):
 
 class Static(_Strict):
     max_model_len: int = Field(default=2048, gt=0)
-    enforce_eager: bool = True  # CPU boots take 30 s instead of 64
+    enforce_eager: bool = True  # the CPU build's boot without compiling is far shorter, and boots dominate its studies
     cpu_memory_budget_mib: int = Field(default=32, gt=0)
     # "dummy": random weights from config.json alone, for shapes whose weights cannot be had here
     load_format: str | None = None
