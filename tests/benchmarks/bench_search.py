@@ -351,7 +351,7 @@ def _goal(data: dict[str, Any]) -> list[str]:
             f"({near} of them) are within one another's noise (the throughput CV across fresh boots is in "
             "`reports/measurement.md`, section noise); the benchmark ranks samplers on one fixed draw of that "
             "noise. GP and NSGA-II model only the sampled trials (the engine default lacks the tuned "
-            "parameters); both start with random trials and need more than a grid of this size to pay off.",
+            "parameters), and both start with random trials.",
             ""]  # fmt: skip
     return out
 
