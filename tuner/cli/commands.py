@@ -84,7 +84,7 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def search(args: argparse.Namespace) -> int:
-
+    """`tuner search`: run (or resume) a study to its verdict; exit 0 once it ends."""
     opts = _search_options(args)
     run_search(opts, Progress())
     return 0
@@ -98,14 +98,14 @@ def _check_load_flags(opts: SearchOptions) -> None:
 
 
 def workload(args: argparse.Namespace) -> int:
-
+    """`tuner workload NAME --out FILE`: the requests a trial would send, written and summarised."""
     opts = _options(args, args.name)
     print("\n".join(preview(opts, args.out)))
     return 0
 
 
 def drive(args: argparse.Namespace) -> int:
-
+    """`tuner drive --url URL`: drive a running server as a trial does (`--capacity`: search its capacity)."""
     if args.capacity:
         return _drive_capacity(args)
     opts = _options(args, args.workload)
@@ -188,7 +188,7 @@ def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace) -> int:
-
+    """`tuner plan`: the exact commands sampled trials would start, one JSON line each; boots nothing."""
     source(args.workload)  # a preset name or a readable trace file
     rows = make_plan(args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env))
     for row in rows:
@@ -197,14 +197,14 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def trials(args: argparse.Namespace) -> int:
-
+    """`tuner trials --study NAME`: every trial, the front, the repeats and the verdict."""
     study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     print(trials_table(study, args.gpu_price))
     return 0
 
 
 def export(args: argparse.Namespace) -> int:
-
+    """`tuner export --study NAME --out DIR`: the best configs as launch files, checked by the engines' parsers."""
     study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     for path in export_study(study, args.trials, args.out, engine_envs(args.engine_env), args.formats):
         print(path)
@@ -226,14 +226,14 @@ def check(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-
+    """`tuner report --study NAME`: the HTML report and summary.md."""
     study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
     print(write_report(study, args.out, args.gpu_price))
     return 0
 
 
 def dashboard(args: argparse.Namespace) -> int:
-
+    """`tuner dashboard --study NAME`: optuna-dashboard on the study, until Ctrl-C."""
     if not (args.storage or os.environ.get("TUNER_STORAGE") or args.study):
         raise ConfigError("dashboard needs --storage URL, $TUNER_STORAGE, or --study NAME for its SQLite file")
     url = storage_url(args.study or "", args.storage, reading=True)
@@ -263,4 +263,5 @@ COMMANDS = {
 
 
 def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit status."""
     return COMMANDS[args.command](args)

@@ -137,8 +137,7 @@ class StreamTransport(httpx.AsyncBaseTransport):
         self._slots.release()
 
 
-# ---- from http1 ----
-__all__ = ["Body", "Step", "framing", "read_head", "write_request"]
+# HTTP/1.1 on the wire: request heads, response heads, body framing.
 READ_SIZE = 65536
 
 

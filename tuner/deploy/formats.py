@@ -127,7 +127,7 @@ def _split(entrypoint: list[str], args: list[str]) -> tuple[str, list[str]]:
     return engine_args([*entrypoint[:1], *entrypoint[1:], *args])
 
 
-# ---- from launch_sh ----
+# The shell launch file: written from a manifest, read back for `tuner check`.
 __all__ = ["engine_args", "read_sh", "render_sh"]
 ADDRESS_FLAGS = ("--host", "--port")
 
@@ -203,7 +203,7 @@ def _join_lines(text: str) -> str:
     return "".join(out)
 
 
-# ---- from launchers ----
+# Engine flags as the engines' own parsers take them, for the compose and JSON formats.
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE]-?\d+)?")
 
 

@@ -205,7 +205,7 @@ def _fail_running(study: optuna.Study, objective: TrialObjective[Any]) -> None:
                 pass  # finished meanwhile
 
 
-# ---- from fleet ----
+# Heartbeats: how a fleet tells a live worker from a dead one.
 # A worker beats every HEARTBEAT_S; one silent for GRACE_S is taken for dead (its trial is retried).
 # Tests shorten the grace through the environment; boots beat all along, so a long boot is not silence.
 HEARTBEAT_S = int(os.environ.get("TUNER_HEARTBEAT_S", "10"))

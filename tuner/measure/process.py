@@ -190,7 +190,7 @@ class ServerProcess:
             pass
 
 
-# ---- from serverlog ----
+# The server's log file: room on its disk, and what a failed write means.
 MIN_LOG_ROOM_BYTES = 1 << 20
 
 

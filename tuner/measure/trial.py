@@ -87,7 +87,7 @@ def _describe(config: Config) -> str:
     return config.engine + " " + " ".join(f"{k}={v}" for k, v in config.params.items())
 
 
-# ---- from outcome ----
+# What a trial hands back, and the limits it is judged by.
 TTFT_AGREEMENT = 0.10  # client and server mean TTFT further apart than this: the trial is flagged
 RESET_PATIENCE_S = 30.0  # how long a busy server's refusal to empty its prefix cache is waited out
 RESET_POLL_S = 0.5
@@ -151,7 +151,7 @@ class Pruned(Exception):
         self.info = {"at_requests": at_requests, "of": of, "values": values, "saved_s": saved_s, "beaten_by": beaten_by}
 
 
-# ---- from serving ----
+# The live server: what really serves, and emptying its prefix cache.
 def identify_server(client: httpx.Client, base_url: str) -> dict[str, Any]:
     """What really serves: the model list and version the server reports, not the sampled engine."""
     found: dict[str, Any] = {}

@@ -7,11 +7,9 @@ does the stress check alone). A finalist that fails its check is recorded in the
 attribute and as a trial of its own (``config_kind`` ``stress_check``, infeasible, carrying the
 class), so the sampler of a resumed study learns that region breaks under load; it is then left out
 of the front, the verdict and every export. When every tuned finalist fails, the next feasible
-configs are checked, one boot each, until one passes or ``repeats.pick_finalists`` has no more.
+configs are checked, one boot each, until one passes or ``pick_finalists`` has no more.
 
-Finalist repeats: the best configs run again on fresh boots before a winner is declared.
-
-After the search, the top ``finalists`` feasible configs (Pareto-optimal first, ranked by the
+The finalists are the top ``finalists`` feasible configs (Pareto-optimal first, ranked by the
 deciding metric: goodput under the SLOs where there are SLOs, output throughput otherwise), plus the
 engine default as the reference, each run ``repeats`` more times, every time on a fresh boot. For
 every objective the tuner reports the mean, the 95 % interval (Student-t on the log scale, from 3
@@ -19,8 +17,7 @@ runs; ``tuner.measure.statistics.interval``) and the coefficient of variation. T
 declared the winner only when its interval on the deciding metric lies wholly above the runner-up's;
 otherwise the verdict is a tie that names both (with fewer than 3 runs, a tie for too few runs).
 Results live in the study's ``finalists`` and ``verdict`` user attributes (shown by
-optuna-dashboard, ``tuner trials`` and every export). Running them is ``tuner.search.finalists``;
-this module holds the statistics.
+optuna-dashboard, ``tuner trials`` and every export).
 """
 
 from __future__ import annotations
@@ -189,7 +186,7 @@ def _a_tuned_config_passed(study: optuna.Study, chosen: list[optuna.trial.Frozen
     return not tuned or any(checks.get(str(n), {}).get("ran") and not checks[str(n)]["failure"] for n in tuned)
 
 
-# ---- from repeats ----
+# The repeats' statistics and the verdict.
 REPORTED = (
     "ttft_p95_ms", "tpot_p95_ms", "output_throughput_tok_s", "goodput_req_s",
     "capacity_req_s", "capacity_interactive_req_s", "capacity_relaxed_req_s",

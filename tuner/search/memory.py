@@ -186,7 +186,7 @@ def decide(mine: Sequence[Observation], fraction: float, predicted: int, require
     return basis, predicted >= required * (1.0 - margin)
 
 
-# ---- from memory_facts ----
+# What an engine's boot log says of its memory: KV cache size, weights, the context that would fit.
 GIB = 2**30
 _NUMBER = r"(-?[\d,]+(?:\.\d+)?)"
 _FACTS = (

@@ -61,6 +61,10 @@ class Prepared:
 
 @dataclass
 class SearchObjective:
+    """The callable Optuna runs per trial: sample a config from the space (screened for memory and
+    learned refusals first), boot and measure it (``tuner.measure.trial``), record it on the trial,
+    and return its objective values."""
+
     study: optuna.Study
     space: Space
     ctx: TrialContext

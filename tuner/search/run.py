@@ -100,6 +100,10 @@ def open_for(opts: SearchOptions, name: str, url: str) -> optuna.Study:
 
 
 def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
+    """``tuner search`` and ``tuner worker``: resolve the engines, device, models, workload and plan,
+    open (or resume) the study, run its trial budget, then (not as a worker) the finalists' repeats,
+    the stress check, the verdict and, with ``--verify``, each tier's winner checked by the engine's
+    own client. Returns the study."""
     if opts.trials is not None and opts.trials < 0:
         raise ConfigError(f"--trials must be at least 0, got {opts.trials}")
     given = source(opts.workload)  # a bad preset name or trace file fails before any engine is probed

@@ -265,7 +265,7 @@ def _draw(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
     return trial.suggest_float(name, dist.low, dist.high, step=dist.step)
 
 
-# ---- from space_fit ----
+# A space that a study's earlier trials fix: Optuna rejects a distribution changed under a name.
 def check_space_fits(study: optuna.Study, space: Space, engines: Sequence[str], drafts: Sequence[str]) -> None:
     """Refuse, in one line, a space whose parameters Optuna would reject in this study's trials."""
     planned = distributions(space, engines, drafts)

@@ -217,7 +217,7 @@ def _check_sessions(path: Path, entries: list[TraceEntry]) -> None:
             seen.add(entry.session_id)
 
 
-# ---- from sharegpt ----
+# ShareGPT files: conversations turned into the trace's entries.
 SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
