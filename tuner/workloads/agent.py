@@ -21,6 +21,19 @@ its fixed text plus the drawn task length, a later turn appends its fixed text p
 result length. When the context cannot hold the longest session (responses
 counted at 1.5 times their cap, since a reply's text can re-tokenize longer), input lengths and the
 preamble are scaled by one factor, said in one line on stderr.
+
+Sources, and how the lengths compare with them (docs/workloads.md keeps the same list):
+
+* Turns: GitHub Copilot's coding-agent traces (``Azure/AzurePublicDataset``,
+  ``GitHubCopilotCodingAgentDataset2026.md``) state 3.95 user turns per session, inside 3 to 5.
+* Sizes: the same traces, and Mooncake's Tool&Agent trace (FAST '25, Table 2: an average of 8,596
+  prompt and 182 output tokens per request, 59 % of it cached), are far larger per call than this
+  preset, whose sessions stay within the generated models' context. The structure (a repeated
+  system prompt with tools, a session re-sent turn after turn) is theirs; the sizes are not, and a
+  study of real agent traffic should replay it (``--workload FILE``).
+* The whole-request SLO: GuideLLM's SLO guide, "Instruction Following / Agentic AI: Request
+  Latency <= 5s for 99% of requests", with the guide's share read as the attainment target as for
+  ``rag``.
 """
 
 from __future__ import annotations
@@ -142,8 +155,10 @@ def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, 
     return Drafted(requests, warmup, description)
 
 
+# GPU: GuideLLM's SLO guide, instruction following / agentic AI (request latency <= 5 s), and twice
+# that for the relaxed tier, which the guide does not give; its 99 % is the attainment target.
 TIERS = Tiers(
-    gpu={"interactive": Slo(ttft_p95_ms=500, tpot_p95_ms=10), "relaxed": Slo(ttft_p95_ms=2000, tpot_p95_ms=40)},
+    gpu={"interactive": Slo(e2e_p95_ms=5000), "relaxed": Slo(e2e_p95_ms=10000)},
     cpu={"interactive": Slo(ttft_p95_ms=1500, tpot_p95_ms=60), "relaxed": Slo(ttft_p95_ms=5000, tpot_p95_ms=150)},
 )
 PRESET = Preset("agent", Arrival(concurrency=4), PRESET_SLO, _make, TIERS)

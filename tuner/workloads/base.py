@@ -91,11 +91,11 @@ DEFAULT_TIER = TIER_NAMES[0]  # what --objective capacity scores unless --tier s
 
 @dataclass(frozen=True)
 class Tiers:
-    """A preset's two SLO tiers for capacity: ``interactive`` (strict TTFT and TPOT) and ``relaxed``.
+    """A preset's two SLO tiers for capacity: ``interactive`` (strict bounds) and ``relaxed`` (looser).
 
     Each tier holds for one kind of device: ``gpu`` for a real model on a GPU, ``cpu`` for the
     generated model on the CPU build, which is far slower per token, so a GPU tier would refuse every
-    request there. The values are chosen for the preset's use, not measured.
+    request there. Each preset's module says where its values come from.
     """
 
     gpu: Mapping[str, Slo] = field(default_factory=dict)

@@ -109,8 +109,10 @@ def _make(tokenizer: Tokenizer, seed: int, n_requests: int, max_model_len: int, 
     return Drafted(requests, warmup, description)
 
 
+# GPU: GuideLLM's SLO guide, chat (TTFT <= 200 ms, ITL <= 50 ms) and, looser, its internal content
+# generation (TTFT <= 600 ms, ITL <= 200 ms); its 99 % is the attainment target, as rag.py says.
 TIERS = Tiers(
-    gpu={"interactive": Slo(ttft_p95_ms=200, tpot_p95_ms=10), "relaxed": Slo(ttft_p95_ms=1000, tpot_p95_ms=40)},
+    gpu={"interactive": Slo(ttft_p95_ms=200, tpot_p95_ms=50), "relaxed": Slo(ttft_p95_ms=600, tpot_p95_ms=200)},
     cpu={"interactive": Slo(ttft_p95_ms=500, tpot_p95_ms=60), "relaxed": Slo(ttft_p95_ms=2000, tpot_p95_ms=150)},
 )
 PRESET = Preset("chat", Arrival(rate=0.5, burstiness=1.0, concurrency=None), PRESET_SLO, _make, TIERS)

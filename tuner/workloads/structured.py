@@ -12,6 +12,15 @@ the prompt is exact within one token. Output: ``response_format`` with the schem
 128 tokens (every schema bounds its strings and arrays, so a complete object fits). Arrivals:
 bursty open loop, gamma gaps with burstiness 0.5 at 0.5 requests per second, no cap, as API
 clients send batches. SLO: E2E p95 <= 2000 ms (the client needs the whole object).
+
+Sources: the output cap is vLLM's structured-output serving benchmark's default
+(``benchmarks/benchmark_serving_structured_output.py``, ``--output-len 128``), and JSONSchemaBench's
+MaskBench (``guidance-ai/jsonschemabench``, ``maskbench/README.md``) states 133 tokens per valid
+instance on average over its 12,821 (simple schemas far fewer, its hardest splits several times
+more). The task's shape (the schema in the system prompt, a document in the user message) is that
+of ``NousResearch/json-mode-eval``, which vLLM's and SGLang's JSON benchmarks use; no public source
+states its input lengths, so the passage length is the preset's own. GuideLLM's SLO guide has no
+structured-output use case: the SLO is the preset's own.
 """
 
 from __future__ import annotations
