@@ -152,9 +152,12 @@ def _verify_text(data: dict[str, Any]) -> str:
     searched = data.get("verify_search")
     said = "On the one-boot server, at the last *after* search's claim: "
     if searched and data.get("verify_stamp"):
+        earlier = [r["after"]["capacity_req_s"] for r in data.get("one_boot", [])]
+        versus = (f" ({searched['capacity_req_s'] / statistics.median(earlier):.2f} times the one-boot *after* "
+                  "searches' median above)" if earlier else "")  # fmt: skip
         said = (f"On its own boot (stamped {data['verify_stamp']['commit']}): one *after* search claimed "
-                f"{searched['capacity_req_s']:.3g} req/s, then `tuner verify` ran vLLM's own client on that "
-                "server. ")  # fmt: skip
+                f"{searched['capacity_req_s']:.3g} req/s{versus}, then `tuner verify` ran vLLM's own client on "
+                "that server. ")  # fmt: skip
     rows = []
     for run in found["runs"]:
         for tier, v in run["tiers"].items():

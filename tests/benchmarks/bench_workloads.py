@@ -41,8 +41,9 @@ READING = """\
   one of 64 Zipf-popular documents. Scaled to this context, that share is the system prompt alone,
   cut at 40 % of each prompt's own length, so every prompt shares its first ~0.4 x (its length) tokens
   with the others; with 128-token blocks only the whole blocks of that prefix count, which keeps the
-  measured rate under the share. A GPU build (16-token blocks, full-size prompts) counts nearly all
-  of it, less each document's first reading: reports/gpu-h200.md measures that.
+  measured rate under the share. A GPU build counts it in 16-token blocks of full-size prompts, yet
+  on the H200 (reports/gpu-h200.md, capacity check 2) a boot's rate was under the share too: a
+  capacity step starts with an empty cache, so every step reads its documents cold once.
 - agent: a later turn re-sends its whole session so far. What the server reuses ends where the
   previous response starts (its text, re-tokenized, does not always match the tokens generated).
 - chat: the system prompt is shorter than one block and messages come from random places in the
