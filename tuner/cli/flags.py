@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from tuner.errors import ConfigError
 from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
+from tuner.search.options import CPU_DEFAULT_PLAN, DEFAULT_PLAN
 from tuner.search.resolve import CPU_STEPS, GPU_STEPS
 from tuner.search.samplers import SAMPLERS
 from tuner.search.scoring import DEFAULT_OBJECTIVE, OBJECTIVES
@@ -162,12 +163,20 @@ def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
     )
     s.add_argument(
         "--trials", type=_at_least(0), default=None,
-        help="the study's budget of booted trials, the default trial included (default 6; CPU default 4)",
+        help=f"the study's budget of booted trials, the default trial included (default {DEFAULT_PLAN.trials}; "
+        f"CPU default {CPU_DEFAULT_PLAN.trials})",
     )  # fmt: skip
     s.add_argument(
-        "--finalists", type=_at_least(0), help="best configs repeated after the search (default 3; CPU default 1)"
+        "--finalists",
+        type=_at_least(0),
+        help=f"best configs repeated after the search (default {DEFAULT_PLAN.finalists}; CPU default "
+        f"{CPU_DEFAULT_PLAN.finalists})",
     )
-    s.add_argument("--repeats", type=_at_least(0), help="fresh boots per finalist (default 5; CPU default 2; 0: none)")
+    s.add_argument(
+        "--repeats", type=_at_least(0),
+        help=f"fresh boots per finalist (default {DEFAULT_PLAN.repeats}; CPU default {CPU_DEFAULT_PLAN.repeats}; "
+        "0: none)",
+    )  # fmt: skip
     s.add_argument("--timeout", type=_above_zero, help="stop starting trials after this many seconds")
     if not worker:
         s.add_argument("--gpu-price", type=_above_zero, metavar="USD_PER_GPU_HOUR", help=PRICE_HELP)

@@ -63,17 +63,21 @@ class Plan:
     repeats: int
 
 
+# The budgets without flags. The repeats follow from the noise benchmark (the spread across fresh
+# boots, reports/measurement.md). The embedded CPU default (the generated models on the CPU build) is
+# sized to finish within the Quickstart's 10 minutes on 2 cores (reports/quickstart.md): its one
+# repeat makes the verdict a tie for too few runs, and it says so.
+DEFAULT_PLAN = Plan(trials=DEFAULT_TRIALS, finalists=3, repeats=5)
+CPU_DEFAULT_PLAN = Plan(trials=3, finalists=1, repeats=1)
+
+
 def plan_of(opts: SearchOptions, device: Device) -> Plan:
-    """Flags win; otherwise the embedded CPU default is sized to finish within the Quickstart's 10
-    minutes on 2 cores, where every boot and capacity search costs about as much as a GPU trial
-    (reports/quickstart.md), and everything else gets 6 trials and 3 finalists x 5 repeats."""
-    small = device.kind == "cpu" and opts.model is None
+    """Flags win; otherwise ``CPU_DEFAULT_PLAN`` for the embedded CPU default, ``DEFAULT_PLAN`` else."""
+    default = CPU_DEFAULT_PLAN if device.kind == "cpu" and opts.model is None else DEFAULT_PLAN
     chosen = Plan(
-        trials=opts.trials if opts.trials is not None else (3 if small else DEFAULT_TRIALS),
-        finalists=opts.finalists if opts.finalists is not None else (1 if small else 3),
-        # 5 from the noise benchmark (the spread across fresh boots, reports/measurement.md); the CPU
-        # quickstart keeps 1 to fit its time, so its verdict is a tie for too few runs, said so.
-        repeats=opts.repeats if opts.repeats is not None else (1 if small else 5),
+        trials=opts.trials if opts.trials is not None else default.trials,
+        finalists=opts.finalists if opts.finalists is not None else default.finalists,
+        repeats=opts.repeats if opts.repeats is not None else default.repeats,
     )
     if chosen.trials < 0 or chosen.finalists < 0 or chosen.repeats < 0:
         raise ConfigError("--trials, --finalists and --repeats must be at least 0")
