@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.engines.base import EngineAdapter
-from tuner.errors import EnvironmentSetupError
+from tuner.errors import ConfigError, EnvironmentSetupError
 
 _VERSION_PROBE = (
     "import importlib.metadata as m, json, sys\n"
@@ -73,3 +73,12 @@ def probe(adapter: EngineAdapter, location: Path | None = None) -> EngineEnv:
     adapter.check_version(version)
     # An absolute path without resolving symlinks: a venv's python is a link to the base interpreter.
     return EngineEnv(adapter.name, str(python.absolute()), distribution, version)
+
+
+def probe_named(adapter: EngineAdapter, where: str, named_by: str) -> EngineEnv:
+    """``probe`` of an environment the user named (``named_by``: the flag or file that named it). One
+    that holds no usable engine is bad input (exit 2), not a broken setup: the user typed the path."""
+    try:
+        return probe(adapter, Path(where))
+    except EnvironmentSetupError as exc:
+        raise ConfigError(f"{named_by} {adapter.name}={where}: {exc}") from exc

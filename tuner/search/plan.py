@@ -14,7 +14,7 @@ import optuna
 
 from tuner.engines import ADAPTERS, models
 from tuner.engines.base import Device, EngineAdapter, ModelSpec
-from tuner.engines.env import EngineEnv, probe
+from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError, EnvironmentSetupError
 from tuner.search.space import Space, load_space, suggest
 
@@ -81,4 +81,8 @@ def plan(
 def _target(name: str, space: Space, engine_envs: dict[str, str]) -> tuple[EngineAdapter, EngineEnv | None]:
     """The engine's adapter and, when installed here, its environment (a flag's, else the space's)."""
     adapter = ADAPTERS[name]()
-    return adapter, _env_or_none(adapter, engine_envs.get(name) or space.engine_envs.get(name))
+    if name in engine_envs:  # a path the user named must hold the engine; only the default may be absent
+        return adapter, probe_named(adapter, engine_envs[name], "--engine-env")
+    if name in space.engine_envs:
+        return adapter, probe_named(adapter, space.engine_envs[name], "the space's engine_envs:")
+    return adapter, _env_or_none(adapter, None)

@@ -16,13 +16,14 @@ from tuner.errors import ConfigError, EnvironmentSetupError
 from tuner.search.run import SearchOptions, resolve_workload
 from tuner.search.space import Space, load_space
 from tuner.workloads import load_tokenizer, source
-from tuner.workloads.inspection import summary_lines, write_jsonl
+from tuner.workloads.inspection import check_writable, summary_lines, write_jsonl
 
 
 def preview(opts: SearchOptions, out: Path) -> list[str]:
     """Write the requests to ``out`` (JSONL) and return the lines that describe them."""
     if out.suffix != ".jsonl":
         raise ConfigError(f"--out {out}: expected a .jsonl file")
+    check_writable(out)  # before the workload is built: a bad path is one line, at once
     given = source(opts.workload)  # a bad name or trace fails before a model is looked for
     space = load_space(opts.space)
     model = _model(opts, space)

@@ -12,7 +12,7 @@ from typing import Any
 
 from tuner.engines import ADAPTERS, models
 from tuner.engines.base import Device, EngineAdapter, ModelSpec
-from tuner.engines.env import EngineEnv, probe
+from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError
 from tuner.measure.capacity import check_slo
 from tuner.measure.goodput import parse_slo
@@ -44,8 +44,12 @@ def resolve_engines(
                 raise ConfigError(f"--engines {name}: {name} needs an NVIDIA GPU and none is visible here")
             progress.line(f"{name}: left out of this study: it needs an NVIDIA GPU and none is visible here")
             continue
-        where = overrides.get(name) or space.engine_envs.get(name)
-        found[name] = (adapter, probe(adapter, Path(where) if where else None))
+        if name in overrides:
+            found[name] = (adapter, probe_named(adapter, overrides[name], "--engine-env"))
+        elif name in space.engine_envs:
+            found[name] = (adapter, probe_named(adapter, space.engine_envs[name], "the space's engine_envs:"))
+        else:
+            found[name] = (adapter, probe(adapter))
     if not found:
         raise ConfigError("no engine of the search space can run on this machine")
     return found

@@ -48,7 +48,7 @@ KNOWN_ENGINES = ("vllm", "sglang")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # an infinite step is no grid
 
 
 class Choices(_Strict):

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
 
+from tuner.errors import ConfigError
 from tuner.workloads.base import CHAT_ENDPOINT, Request, Workload
 from tuner.workloads.chat_format import render_chat
 
@@ -38,12 +40,29 @@ def jsonl_lines(workload: Workload) -> list[str]:
     return lines
 
 
+def check_writable(path: Path) -> None:
+    """Refuse, before anything is built, a path a file cannot be written at (a folder under a file,
+    no permission): bad input, said in one line. Makes the missing folders, as writing would."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {path}: cannot write there ({exc.strerror or exc})") from exc
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        raise ConfigError(f"--out {path}: cannot write there ({'a folder' if path.is_dir() else 'no permission'})")
+
+
 def write_jsonl(workload: Workload, path: Path) -> None:
-    """Write atomically: a half-written file is never left behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write atomically: a half-written file is never left behind. A path that cannot be written (a
+    folder under a file, no permission, a full disk) is bad input, said in one line."""
     staging = path.with_name(path.name + ".tmp")
-    staging.write_text("".join(line + "\n" for line in jsonl_lines(workload)), encoding="ascii")
-    staging.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_text("".join(line + "\n" for line in jsonl_lines(workload)), encoding="ascii")
+        staging.replace(path)
+    except OSError as exc:
+        if staging.parent.is_dir():
+            staging.unlink(missing_ok=True)
+        raise ConfigError(f"--out {path}: cannot write there ({exc.strerror or exc})") from exc
 
 
 def prompt_lengths(workload: Workload) -> list[int]:

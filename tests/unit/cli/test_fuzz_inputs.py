@@ -556,3 +556,37 @@ def test_a_trace_that_fails_prints_its_error_alone(model: Path, tmp_path: Path) 
     trace.write_text(json.dumps({"messages": [{"role": "user", "content": "0"}]}))  # loads: the notice stays
     code, _, err = cli(["workload", str(trace), "--out", str(tmp_path / "o.jsonl"), "--model", str(model)])
     assert code == 0 and "1 requests had no max_tokens" in err, err
+
+
+# --- bad input a new user tries, each one line and exit 2 with nothing written (issue 29, item 9) -----
+
+
+def _refused(args: list[str], says: str) -> None:
+    code, out, err = cli(args)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("tuner: ") and says in lines[0], (code, err)
+    assert "Traceback" not in err
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line(tmp_path: Path, model: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    _refused(["workload", "rag", "--model", str(model), "--requests", "2", "--out", str(a_file / "x.jsonl")],
+             f"--out {a_file / 'x.jsonl'}: cannot write there")  # fmt: skip
+    assert a_file.read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_space_with_a_non_finite_number_is_one_line(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("engines: [vllm]\nparameters:\n  memory_fraction: {low: 0.1, high: 0.9, step: .inf}\n")
+    _refused(["plan", "--workload", "rag", "--space", str(space), "--n", "1"], "finite number")
+
+
+def test_an_engine_env_that_holds_no_engine_is_bad_input(tmp_path: Path) -> None:
+    empty = tmp_path / "not-an-engine"
+    empty.mkdir()
+    _refused(["plan", "--workload", "rag", "--engines", "vllm", "--engine-env", f"vllm={empty}", "--n", "1"],
+             f"--engine-env vllm={empty}: no vllm environment")  # fmt: skip
+    _refused(["search", "--workload", "rag", "--engines", "vllm", "--engine-env", f"vllm={empty}"],
+             f"--engine-env vllm={empty}: no vllm environment")  # fmt: skip
+    assert not (tmp_path / "studies").exists() or not any((tmp_path / "studies").iterdir())
