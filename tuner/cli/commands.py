@@ -125,7 +125,7 @@ def drive(args: argparse.Namespace) -> int:
 
 
 def _drive_capacity(args: argparse.Namespace) -> int:
-    objective = "capacity" if args.tier else "capacity-pareto"
+    objective = "capacity" if args.tier else "capacity-pareto"  # one tier named, or both
     opts = _options(args, args.workload, objective=objective, tier=args.tier or DEFAULT_TIER,
                     attainment=args.attainment or ATTAINMENT_TARGET, resolution=args.resolution or RESOLUTION,
                     confidence=args.confidence)  # fmt: skip
@@ -165,7 +165,7 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def _verify_options(args: argparse.Namespace, workload: str) -> SearchOptions:
-    objective = "capacity" if args.tier else "capacity-pareto"
+    objective = "capacity" if args.tier else "capacity-pareto"  # one tier named, or both
     return _options(args, workload, objective=objective, tier=args.tier or DEFAULT_TIER,
                     attainment=args.attainment or ATTAINMENT_TARGET,
                     resolution=args.resolution or RESOLUTION)  # fmt: skip

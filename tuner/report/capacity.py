@@ -21,9 +21,9 @@ from tuner.report.describe import engine_of, number, params_list, params_text, t
 from tuner.report.plots import Curve, RateStep, capacity_figure
 from tuner.study.attrs import capacity_uncertainty, is_default, study_attrs_of, trial_attrs
 from tuner.study.cost import cost_text
+from tuner.study.objectives import is_capacity
 
 Trial = optuna.trial.FrozenTrial
-CAPACITY_OBJECTIVES = ("capacity", "capacity-pareto")
 FLAT = re.compile(r"capacity_(.+)_req_s")
 SLO_NAMES = {"ttft_p95_ms": "TTFT p95", "tpot_p95_ms": "TPOT p95", "e2e_p95_ms": "E2E p95"}
 
@@ -36,7 +36,7 @@ class Tier:
 
 
 def is_capacity_study(study: optuna.Study) -> bool:
-    return study_attrs_of(study).get("objective") in CAPACITY_OBJECTIVES
+    return is_capacity(study_attrs_of(study).get("objective"))
 
 
 def _dict(value: object) -> dict[str, Any]:

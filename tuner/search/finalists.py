@@ -34,6 +34,7 @@ from tuner.measure.trial import TrialContext, TrialResult, run_trial
 from tuner.search import scoring as objectives
 from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND, STRESS_CHECK_KIND, is_default, study_attrs_of, trial_attrs
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
+from tuner.study.objectives import objective_named
 from tuner.study.verdict import TOO_FEW_RUNS
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
@@ -163,7 +164,7 @@ def _describe(entry: dict[str, Any]) -> str:
 
 def _add_failed_check(study: optuna.Study, trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> None:
     """The failed check as a trial of its own, so the sampler and the dashboard see the class."""
-    objective = study_attrs_of(study).get("objective", "pareto")
+    objective = objective_named(study_attrs_of(study).get("objective")).name
     attrs = {
         "config_kind": STRESS_CHECK_KIND, "stress_of": trial.number, "failure": entry["failure"],
         "constraint_violation": 1.0, "engine": trial_attrs(trial).get("engine"),
@@ -195,12 +196,8 @@ REPORTED = (
 
 def deciders(study: optuna.Study) -> list[str]:
     """The metrics a verdict is on: capacity under each scored tier, else goodput (with SLOs) or throughput."""
-    objective = study_attrs_of(study).get("objective")
-    if objective == "capacity":
-        return ["capacity_req_s"]
-    if objective == "capacity-pareto":
-        return ["capacity_interactive_req_s", "capacity_relaxed_req_s"]
-    return ["goodput_req_s" if study_attrs_of(study).get("slo") else "output_throughput_tok_s"]
+    attrs = study_attrs_of(study)
+    return list(objective_named(attrs.get("objective")).deciders(bool(attrs.get("slo"))))
 
 
 def decider(study: optuna.Study) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from tuner.engines.base import Device
 from tuner.errors import ConfigError
 from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
-from tuner.search.scoring import DEFAULT_OBJECTIVE
+from tuner.study.objectives import DEFAULT_OBJECTIVE
 from tuner.workloads.base import DEFAULT_TIER
 
 DEFAULT_TRIALS = 6

@@ -1,13 +1,5 @@
-"""What a study optimises (``--objective``), and a trial's values and constraint under it.
-
-* ``capacity`` (default): the highest request rate the config carries while the target share of
-  requests meets one SLO tier (``--tier``, default interactive); see ``tuner.measure.capacity``.
-* ``capacity-pareto``: capacity under the interactive tier against capacity under the relaxed
-  tier, both maximised, since the two tiers' winners differ.
-* ``pareto``: TTFT p95 in ms (minimise) against output throughput in tokens/s (maximise).
-* ``goodput``: requests per second that met every SLO (maximise); see ``tuner.measure.goodput``.
-* ``throughput``: output throughput (maximise) subject to the SLOs: a trial whose p95 TTFT, TPOT
-  or end-to-end time exceeds its bound is infeasible, by how far it exceeds it.
+"""A trial's values and constraint under the study's objective (``tuner.study.objectives``: the one
+registry of what each objective is).
 
 A failed trial gets the worst value of each objective (inf for a minimised one, 0 otherwise), and a
 positive constraint (Optuna's ``Trial.set_constraint``, which every built-in sampler honours), so the
@@ -23,32 +15,22 @@ from optuna.study import StudyDirection
 
 from tuner.errors import ConfigError
 from tuner.measure.trial import MAX_ERROR_RATE, TrialResult
+from tuner.study.objectives import CAPACITY_OBJECTIVES, DEFAULT_OBJECTIVE, MAX, MIN, REGISTRY, is_capacity
 
-MIN, MAX = StudyDirection.MINIMIZE, StudyDirection.MAXIMIZE
-OBJECTIVES: dict[str, tuple[tuple[str, StudyDirection], ...]] = {
-    "capacity": (("capacity_req_s", MAX),),
-    "capacity-pareto": (("capacity_interactive_req_s", MAX), ("capacity_relaxed_req_s", MAX)),
-    "pareto": (("ttft_p95_ms", MIN), ("output_throughput_tok_s", MAX)),
-    "goodput": (("goodput_req_s", MAX),),
-    "throughput": (("output_throughput_tok_s", MAX),),
-}
+__all__ = [
+    "CAPACITY_OBJECTIVES", "DEFAULT_OBJECTIVE", "DIRECTIONS", "MAX", "MIN", "OBJECTIVES", "REGISTRY",
+    "check_objective", "directions", "is_capacity", "metric_names", "slo_excess", "values", "violation",
+]  # fmt: skip
 
-
-DEFAULT_OBJECTIVE = "capacity"  # what tuner search optimises unless --objective says otherwise
+# each objective's values, derived from the registry
+OBJECTIVES: dict[str, tuple[tuple[str, StudyDirection], ...]] = {n: o.values for n, o in REGISTRY.items()}
 DIRECTIONS = [d for _, d in OBJECTIVES["pareto"]]  # TTFT p95 (minimise), output throughput (maximise)
-
-
-CAPACITY_OBJECTIVES = ("capacity", "capacity-pareto")
-
-
-def is_capacity(objective: str) -> bool:
-    return objective in CAPACITY_OBJECTIVES
 
 
 def check_objective(objective: str, slo: Mapping[str, float]) -> None:
     if objective not in OBJECTIVES:
         raise ConfigError(f"--objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
-    if objective != "pareto" and not slo:
+    if REGISTRY[objective].needs_slo and not slo:
         raise ConfigError(f"--objective {objective} needs SLOs: give --slo ttft_p95_ms=...,tpot_p95_ms=...")
 
 

@@ -19,7 +19,7 @@ import argparse
 
 from tuner.errors import ConfigError, StorageError
 from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
-from tuner.search.scoring import DEFAULT_OBJECTIVE
+from tuner.study.objectives import objective_named
 from tuner.study.storage import load_existing
 from tuner.workloads.base import DEFAULT_TIER
 
@@ -44,7 +44,7 @@ def fill_from_study(args: argparse.Namespace) -> None:
     if not args.drafts:
         args.drafts = list(known.get("drafts") or [])
     if args.objective is None:
-        args.objective = attrs.get("objective", DEFAULT_OBJECTIVE)
+        args.objective = objective_named(attrs.get("objective")).name  # as the study reads everywhere
     plan = attrs.get("capacity_plan") or {}
     if args.tier is None:
         args.tier = (plan.get("scored") or [DEFAULT_TIER])[0]
