@@ -205,7 +205,7 @@ def _capacity_flags(s: argparse.ArgumentParser, worker: bool = False) -> None:
     """The SLO and how a capacity search judges it; a worker takes what it is not given from the study."""
     s.add_argument(
         "--slo", action="append", default=None,
-        help="[TIER:]KEY=MS,... e.g. interactive:ttft_p95_ms=200,tpot_p95_ms=6 (repeatable; default: the "
+        help="[TIER:]KEY=MS,... e.g. interactive:ttft_p95_ms=300,tpot_p95_ms=100 (repeatable; default: the "
         "workload preset's tiers). Without a tier: the scored tier's SLO (the older objectives' SLO)",
     )  # fmt: skip
     s.add_argument(
