@@ -53,7 +53,7 @@ SATURATION_SIGMAS = 3.0
 SETTLE_SHARE = 0.25  # the first requests of a step, whose lifetimes tell how long in-flight climbs
 MIN_WATCH_S = 5.0  # mid-step, saturation is judged over at least this long after warm-up, never on a glimpse
 FLOOR_DIVISOR = 8.0  # with no incumbent, halve down to start_rate / 8 before reporting no capacity
-PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at 0.75 * c
+PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at PRUNE_SHARE * c
 MIN_DECIDED = 20  # fewest decided requests before a mid-step collapse is believed
 SATURATED, COLLAPSED = "saturated", "collapsed"  # why the monitor cut a step
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"  # a step's decision
@@ -450,7 +450,7 @@ class CapacitySearch:
     the highest pass below the lowest fail and that fail until their gap is within ``resolution``.
 
     With an ``incumbent`` capacity c it starts at c, then c * (1 + resolution), so a config no better
-    than the incumbent is bracketed in two steps; if c fails and 0.75 * c fails too, it is pruned
+    than the incumbent is bracketed in two steps; if c fails and ``PRUNE_SHARE`` * c fails too, it is pruned
     (unless ``prune`` is off: then it halves down as a search without an incumbent does).
     """
 

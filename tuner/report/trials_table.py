@@ -104,7 +104,8 @@ def search_effort(study: optuna.Study) -> str:
     screened = sum(1 for a in attrs if a.get("failure") == "screened")
     twins = sum(1 for a in attrs if a.get("duplicate_of") is not None)
     pruned = [a["pruned"] for a in attrs if a.get("pruned")]
-    # the load pruner knows what it spared; a capacity search cut at 0.75 x the incumbent does not
+    # the load pruner knows what it spared; a capacity search cut at its rescue probe (PRUNE_SHARE x
+    # the incumbent) does not
     cut_load = [p["saved_s"] for p in pruned if isinstance(p, dict) and p.get("saved_s") is not None]
     how = [f"{len(cut_load)} mid-workload (about {sum(cut_load):.0f} s of workload not driven)"] if cut_load else []
     if cut_capacity := len(pruned) - len(cut_load):
