@@ -124,11 +124,16 @@ def drive(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drive_capacity(args: argparse.Namespace) -> int:
-    objective = "capacity" if args.tier else "capacity-pareto"  # one tier named, or both
-    opts = _options(args, args.workload, objective=objective, tier=args.tier or DEFAULT_TIER,
+def _capacity_options(args: argparse.Namespace, workload: str, **extra: Any) -> SearchOptions:
+    """`drive --capacity` and `verify`: one tier if named, else both, at the capacity defaults."""
+    objective = "capacity" if args.tier else "capacity-pareto"
+    return _options(args, workload, objective=objective, tier=args.tier or DEFAULT_TIER,
                     attainment=args.attainment or ATTAINMENT_TARGET, resolution=args.resolution or RESOLUTION,
-                    confidence=args.confidence)  # fmt: skip
+                    **extra)  # fmt: skip
+
+
+def _drive_capacity(args: argparse.Namespace) -> int:
+    opts = _capacity_options(args, args.workload, confidence=args.confidence)
     report = drive_capacity(opts, args.url, args.tiers_for, Progress())
     if args.json:
         print(json.dumps(report, allow_nan=False))
@@ -150,7 +155,7 @@ def verify(args: argparse.Namespace) -> int:
     else:
         if (args.url is None) == (args.file is None) or args.workload is None or args.claimed_rate is None:
             raise ConfigError("verify: give --url URL (or FILE) --workload NAME --rate R, or --study NAME --trial N")
-        opts = _verify_options(args, args.workload)
+        opts = _capacity_options(args, args.workload)
         if args.file is not None:
             report = verify_launch_file(args.file, opts, args.claimed_rate, args.tiers_for, args.duration_s,
                                         Progress(), args.out)  # fmt: skip
@@ -162,13 +167,6 @@ def verify(args: argparse.Namespace) -> int:
     else:
         print("\n".join(describe_report(report)))
     return 0 if all(all(r["goal_met"].values()) for r in report["runs"]) else 1
-
-
-def _verify_options(args: argparse.Namespace, workload: str) -> SearchOptions:
-    objective = "capacity" if args.tier else "capacity-pareto"  # one tier named, or both
-    return _options(args, workload, objective=objective, tier=args.tier or DEFAULT_TIER,
-                    attainment=args.attainment or ATTAINMENT_TARGET,
-                    resolution=args.resolution or RESOLUTION)  # fmt: skip
 
 
 def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
@@ -183,7 +181,7 @@ def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
     workload = args.workload or given.get("workload") or study.user_attrs.get("workload")
     if not workload:
         raise ConfigError(f"--study {args.study}: it records no workload; give --workload")
-    return verify_trial(study, args.trial, _verify_options(args, workload), args.tier, args.duration_s, Progress(),
+    return verify_trial(study, args.trial, _capacity_options(args, workload), args.tier, args.duration_s, Progress(),
                         args.out)  # fmt: skip
 
 

@@ -186,7 +186,6 @@ class EngineAdapter(abc.ABC):
     draft_slots_signature: str | None = None
 
     bench_module: str | None = None  # the engine's own benchmark client, for ``tuner verify``
-    bench_max_prompt_tokens: int | None = None  # the client drops longer prompts from its dataset
     bench_own_output_lens = False  # the client gives each request its dataset entry's output length
 
     def kv_tokens_required(self, model: ModelSpec) -> int:

@@ -8,8 +8,8 @@ the same steady window (requests sent in the middle 80 % of the run), from anoth
 
 What the client can take is what a dataset file holds: single-turn completions, each at its own
 output length where the client takes that (``EngineAdapter.bench_own_output_lens``), else at one.
-Anything else in the workload (chat or multi-turn requests, other output lengths, prompts the client
-would drop) is left out and said in ``notes``, never silently.
+Anything else in the workload (chat or multi-turn requests, other output lengths where the client
+takes one) is left out and said in ``notes``, never silently.
 """
 
 from __future__ import annotations
@@ -65,11 +65,6 @@ def client_requests(requests: Sequence[Request], adapter: EngineAdapter) -> Clie
     if len(kept) < len(single):
         notes.append(f"{len(single) - len(kept)} requests ask for another output length than {output_len} tokens; "
                      "the client takes one, so they are left out")  # fmt: skip
-    limit = adapter.bench_max_prompt_tokens
-    if limit is not None and any(r.prompt_tokens > limit for r in kept):
-        long = sum(r.prompt_tokens > limit for r in kept)
-        notes.append(f"{long} prompts are over the {limit} tokens {adapter.name}'s client accepts; left out")
-        kept = [r for r in kept if r.prompt_tokens <= limit]
     if not kept:
         raise WorkloadError("no request of the workload is one the engine's client can send")
     return ClientRequests([str(r.body["prompt"]) for r in kept], [r.max_tokens for r in kept], output_len, notes)

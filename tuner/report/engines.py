@@ -64,20 +64,38 @@ def comparison(rows: list[EngineBest], tier: str) -> str:
             f"{number(second.capacity(tier))}: {first.engine} {ratio:.2f}x on this workload.")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Row:
+    """One engine's line of a tier, as both the HTML section and summary.md show it."""
+
+    tuned: str  # which trial carried the most
+    capacity: str
+    cost: str
+    defaults: str
+
+
+def _row(r: EngineBest, tier: str, price: float | None) -> _Row:
+    best = r.best
+    tuned = f"trial {best.number}" + (" (its defaults)" if is_default(best) else "") if best else "-"
+    return _Row(
+        tuned,
+        capacity_cell(best, tier) if best else "0",
+        (cost_text(best.user_attrs, tier, price) if best is not None else "") or "-",
+        capacity_cell(r.default, tier) if r.default is not None else "not booted",
+    )
+
+
 def engines_section(study: optuna.Study, price: float | None = None) -> str:
     parts = []
     for tier in tiers(study):
         rows = per_engine(study, tier.name)
         cells = []
         for r in rows:
-            best = r.best
-            tuned = f"trial {best.number}" + (" (its defaults)" if is_default(best) else "") if best else "-"
-            cost = cost_text(best.user_attrs, tier.name, price) if best is not None else ""
-            default = capacity_cell(r.default, tier.name) if r.default is not None else "not booted"
+            row = _row(r, tier.name, price)
             cells.append(
-                f"<tr><td>{html.escape(r.engine)}</td><td>{html.escape(tuned)}</td>"
-                f"<td>{html.escape(capacity_cell(best, tier.name) if best else '0')}</td>"
-                f"<td>{html.escape(cost or '-')}</td><td>{html.escape(default)}</td></tr>"
+                f"<tr><td>{html.escape(r.engine)}</td><td>{html.escape(row.tuned)}</td>"
+                f"<td>{html.escape(row.capacity)}</td><td>{html.escape(row.cost)}</td>"
+                f"<td>{html.escape(row.defaults)}</td></tr>"
             )
         table = ("<table><tr><th>engine</th><th>best feasible config</th><th>capacity (req/s)</th>"
                  f"<th>cost at it</th><th>its defaults (req/s)</th></tr>{''.join(cells)}</table>")  # fmt: skip
@@ -94,8 +112,8 @@ def engines_md(study: optuna.Study) -> list[str]:
         head = "| engine | best trial | capacity (req/s) | defaults (req/s) |"
         lines += ["", f"## Engines, tier {tier.name}", "", head, "|---|---|---|---|"]
         for r in rows:
+            row = _row(r, tier.name, None)
             best = f"{r.best.number}" if r.best is not None else "-"
-            default = capacity_cell(r.default, tier.name) if r.default is not None else "not booted"
-            lines.append(f"| {r.engine} | {best} | {capacity_cell(r.best, tier.name) if r.best else '0'} | {default} |")
+            lines.append(f"| {r.engine} | {best} | {row.capacity} | {row.defaults} |")
         lines += ["", comparison(rows, tier.name)]
     return lines

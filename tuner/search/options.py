@@ -12,8 +12,6 @@ from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
 from tuner.study.objectives import DEFAULT_OBJECTIVE
 from tuner.workloads.base import DEFAULT_TIER
 
-DEFAULT_TRIALS = 6
-
 
 @dataclass
 class SearchOptions:
@@ -67,7 +65,7 @@ class Plan:
 # boots, reports/measurement.md). The embedded CPU default (the generated models on the CPU build) is
 # sized to finish within the Quickstart's 10 minutes on 2 cores (reports/quickstart.md): its one
 # repeat makes the verdict a tie for too few runs, and it says so.
-DEFAULT_PLAN = Plan(trials=DEFAULT_TRIALS, finalists=3, repeats=5)
+DEFAULT_PLAN = Plan(trials=6, finalists=3, repeats=5)
 CPU_DEFAULT_PLAN = Plan(trials=3, finalists=1, repeats=1)
 
 

@@ -54,14 +54,13 @@ def check_writable(path: Path) -> None:
 def write_jsonl(workload: Workload, path: Path) -> None:
     """Write atomically: a half-written file is never left behind. A path that cannot be written (a
     folder under a file, no permission, a full disk) is bad input, said in one line."""
+    check_writable(path)
     staging = path.with_name(path.name + ".tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         staging.write_text("".join(line + "\n" for line in jsonl_lines(workload)), encoding="ascii")
         staging.replace(path)
-    except OSError as exc:
-        if staging.parent.is_dir():
-            staging.unlink(missing_ok=True)
+    except OSError as exc:  # a full disk, or a folder that changed under us
+        staging.unlink(missing_ok=True)
         raise ConfigError(f"--out {path}: cannot write there ({exc.strerror or exc})") from exc
 
 

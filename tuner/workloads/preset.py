@@ -43,7 +43,6 @@ class Preset:
     # with_reuse(share): the same preset with ``share`` of each prompt a prefix shared with earlier
     # requests (``--prefix-reuse``); None: the preset's sharing is fixed by its structure
     with_reuse: Callable[[float], Preset] | None = None
-    reuse: float | None = None  # the share this one was built with
 
 
 def assemble(

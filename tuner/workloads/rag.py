@@ -54,7 +54,7 @@ from tokenizers import Tokenizer
 from tuner.errors import ConfigError
 from tuner.workloads.arrivals import Arrival
 from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Slo, Tiers, corpus_words, load_corpus
-from tuner.workloads.lengths import Fit, Fitter, context_scale, fit_scale
+from tuner.workloads.lengths import TOLERANCE_TOKENS, Fit, Fitter, context_scale, excerpt, fit_scale
 from tuner.workloads.preset import Drafted, Preset
 
 
@@ -182,7 +182,7 @@ def _fit(fitter: Fitter, prefix: str, passages: list[str], questions: list[str],
     for question in questions:
         fit = fitter.fit(partial(_render, prefix, passages, question), passages, target, "rag")
         best = fit if best is None or abs(fit.tokens - target) < abs(best.tokens - target) else best
-        if abs(best.tokens - target) <= 1:
+        if abs(best.tokens - target) <= TOLERANCE_TOKENS:
             break
     assert best is not None, "there is always a question"
     return best
@@ -197,7 +197,7 @@ def _request(index: _Index, fitter: Fitter, seed: int, request_id: str) -> Reque
     prefix = _prefix(index, fitter, document, min(round(index.reuse * target), target - OWN_MIN_TOKENS))
     words = corpus_words()
     start = rng.randrange(len(words))
-    passages = [words[(start + i) % len(words)] for i in range(target)]  # a word is a token or more
+    passages = excerpt(words, start, target)  # a word is a token or more: enough to reach the target
     fit = _fit(fitter, prefix, passages, _questions(rng, passages), target)
     body = {"prompt": fit.text, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     return Request(request_id, COMPLETIONS_ENDPOINT, body, fit.tokens, max_tokens)
@@ -248,7 +248,7 @@ def preset(reuse: float = DEFAULT_REUSE) -> Preset:
         raise ConfigError(f"--prefix-reuse must be between 0 and {MAX_REUSE}, got {reuse:g}")
     return Preset(
         "rag", Arrival(concurrency=4), PRESET_SLO, partial(_make, reuse=reuse), TIERS,
-        make_range=partial(_make_range, reuse=reuse), with_reuse=preset, reuse=reuse,
+        make_range=partial(_make_range, reuse=reuse), with_reuse=preset,
     )  # fmt: skip
 
 
