@@ -24,7 +24,8 @@
 # verify_CFG.json, its client's files in verify_CFG/) if the archive has that command, else vLLM's
 # `vllm bench serve` itself at 1.0x and 1.2x C after a prefix-cache reset (bench_CFG_1.0.json,
 # bench_CFG_1.2.json, on 2000 distinct prompts from `tuner workload rag --requests 2000 --seed 0`).
-# After every step a /metrics scrape (metrics_CFG_STEP.txt) and its prefix-cache hit rate in the log;
+# After every step a /metrics scrape (metrics_CFG_STEP.txt) and its prefix-cache hit rate in the log, and
+# during a drive the running hit rate every SCRAPE_S seconds (hit_CFG.txt);
 # at the end metrics_CFG_end.txt and the server's stop (its process group: SIGTERM, then SIGKILL after STOP_S).
 # Every step runs under `timeout`, clipped to the deadline (epoch seconds; 0: none), and a step that has
 # less than its minimum left is skipped, so one hang cannot eat the lease. Progress: $CKD/progress.log;
@@ -67,7 +68,7 @@ STEPS_draft=${STEPS_draft:-drive1 verify drive2}
 PORT=${PORT:-8000}
 URL=http://127.0.0.1:$PORT
 WAIT_S=${WAIT_S:-900} BOOT_S=${BOOT_S:-480} DRIVE_S=${DRIVE_S:-600} VERIFY_S=${VERIFY_S:-360}
-BENCH_S=${BENCH_S:-180} STOP_S=${STOP_S:-30}
+BENCH_S=${BENCH_S:-180} STOP_S=${STOP_S:-30} SCRAPE_S=${SCRAPE_S:-20}
 DRIVE_MIN_S=${DRIVE_MIN_S:-150} VERIFY_MIN_S=${VERIFY_MIN_S:-120} BOOT_MIN_S=${BOOT_MIN_S:-200}
 deadline() {  # $STATE/cc.deadline (epoch seconds, one number) overrides DEADLINE while it runs
   local d; d=$({ tr -dc 0-9 < "$STATE/cc.deadline"; } 2>/dev/null); echo "${d:-$DEADLINE}"
@@ -231,8 +232,16 @@ for cfg in $CFGS; do
         log "$cfg: drive $n (timeout $t s)"
         ts=$(date +%s)
         timeout -k 10 "$t" "${TUNER[@]}" drive --url "$URL" --workload rag --model "$MODELS/target" --capacity \
-          --tier interactive --json > "$CKD/drive_${cfg}_$n.json" 2> "$CKD/drive_${cfg}_$n.err"
-        rc=$?
+          --tier interactive --json > "$CKD/drive_${cfg}_$n.json" 2> "$CKD/drive_${cfg}_$n.err" &
+        DPID=$!
+        # the server's running prefix-cache hit rate every SCRAPE_S while the drive runs, so a lease cut
+        # mid-drive still brings back the hit rate over what was sent
+        ( while kill -0 "$DPID" 2>/dev/null; do
+            sleep "$SCRAPE_S"
+            http GET "$URL/metrics" > "$CKD/metrics_live.txt" 2>/dev/null \
+              && echo "[$(date -u +%T)] during $step: $(hit_rate "$CKD/metrics_live.txt")" >> "$CKD/hit_$cfg.txt"
+          done ) &
+        wait "$DPID"; rc=$?
         c=$(capacity_of "$CKD/drive_${cfg}_$n.json")
         log "$cfg: drive $n exited $rc after $(( $(date +%s) - ts )) s: interactive capacity ${c:-none}"
         [ "$n" = 1 ] && cap=$c ;;

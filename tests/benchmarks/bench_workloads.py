@@ -22,28 +22,30 @@ from tests.benchmarks import _engine, _report
 from tests.e2e.presets import KV_BUDGET_BYTES, MAX_MODEL_LEN, MEMORY_FRACTION, REQUESTS, measure_presets, serve
 from tuner.workloads import load_tokenizer
 from tuner.workloads.inspection import BLOCK_TOKENS, shared_prefix_fraction
+from tuner.workloads.rag import DEFAULT_REUSE, N_DOCUMENTS
 
 JSON_PATH = _report.REPORTS / "workloads.json"
 MD_PATH = _report.REPORTS / "workloads.md"
 
 # What each preset's definition aims its reuse at (docs/workloads.md), beside what the server measured.
 TARGETS = {
-    "rag": "its reuse share, 40 % (Mooncake's 30-50 %), on a GPU-sized cache of 16-token blocks",
+    "rag": f"its reuse share, {DEFAULT_REUSE:.0%} (a GPU-sized cache of 16-token blocks: Mooncake's 30-50 % hit rate)",
     "agent": "none stated: a session's history",
     "chat": "none stated: almost nothing",
     "json": "none stated: four schema prompts",
 }
 
-READING = """\
+READING = f"""\
 ## Reading the numbers
 
-- rag: the first 40 % of each prompt (its reuse share) is the system prompt, then the opening of
-  one of 64 Zipf-popular documents. Scaled to this context, that share is the system prompt alone,
-  cut at 40 % of each prompt's own length, so every prompt shares its first ~0.4 x (its length) tokens
-  with the others; with 128-token blocks only the whole blocks of that prefix count, which keeps the
-  measured rate under the share. A GPU build counts it in 16-token blocks of full-size prompts, yet
-  on the H200 (reports/gpu-h200.md, capacity check 2) a boot's rate was under the share too: a
-  capacity step starts with an empty cache, so every step reads its documents cold once.
+- rag: the first {DEFAULT_REUSE:.0%} of each prompt (its reuse share) is the system prompt, then the
+  opening of one of {N_DOCUMENTS} Zipf-popular documents. Scaled to this context, that share is the
+  system prompt alone, cut at {DEFAULT_REUSE:.0%} of each prompt's own length, so every prompt shares
+  its first ~{DEFAULT_REUSE:g} x (its length) tokens with the others; with 128-token blocks only the
+  whole blocks of that prefix count, which keeps the measured rate under the share. A GPU build
+  counts it in 16-token blocks of full-size prompts, yet on the H200 (reports/gpu-h200.md) a boot's
+  rate was under the share too: a capacity step starts with an empty cache, so every step reads its
+  documents cold once.
 - agent: a later turn re-sends its whole session so far. What the server reuses ends where the
   previous response starts (its text, re-tokenized, does not always match the tokens generated).
 - chat: the system prompt is shorter than one block and messages come from random places in the

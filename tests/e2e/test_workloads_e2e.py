@@ -73,7 +73,7 @@ def test_agent_turns_carry_the_actual_previous_response(measured: dict[str, Meas
 
 def test_prefix_cache_hit_rates(measured: dict[str, Measured]) -> None:
     rates = {name: m.hit_rate for name, m in measured.items()}
-    # rag shares its reuse share (40 %) of each prompt; the CPU build counts only whole 128-token
+    # rag shares its reuse share of each prompt; the CPU build counts only whole 128-token
     # blocks of it, so the server sees less, but never more (reports/workloads.md)
     assert 0.2 <= rates["rag"] <= rag.DEFAULT_REUSE + 0.02, rates
     assert rates["agent"] >= 0.3, rates  # a later turn re-sends its session so far

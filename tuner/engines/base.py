@@ -41,10 +41,11 @@ import abc
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from tuner.errors import EnvironmentSetupError
+from tuner.errors import ConfigError, EnvironmentSetupError
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,16 @@ class ModelSpec:
     drafts: Mapping[str, str] = field(default_factory=dict)
     max_model_len: int = 2048
     load_format: str | None = None
+
+    def draft_path(self, draft: str) -> str:
+        """The folder of the draft named ``draft``: one of ``drafts``, or a model folder given by path;
+        any other name is bad input, never passed to an engine as a path."""
+        if draft in self.drafts:
+            return self.drafts[draft]
+        if (Path(draft) / "config.json").is_file():
+            return draft
+        known = ", ".join(self.drafts) or "none: give one with --draft-model"
+        raise ConfigError(f"draft_model: no draft {draft!r} here; drafts: {known}")
 
 
 @dataclass(frozen=True)
@@ -184,6 +195,7 @@ class EngineAdapter(abc.ABC):
     failure_signatures: tuple[tuple[str, str], ...] = ()
     default_memory_fraction: float | None = None
     draft_slots_signature: str | None = None
+    model_free_drafts: tuple[str, ...] = ()  # draft_model values that speculate without a draft model
 
     bench_module: str | None = None  # the engine's own benchmark client, for ``tuner verify``
     bench_own_output_lens = False  # the client gives each request its dataset entry's output length

@@ -55,6 +55,7 @@ class SglangAdapter(EngineAdapter):
     default_port = 30000
     health_path = "/health_generate"
     ready_line = "The server is fired up and ready to roll!"
+    model_free_drafts = ("ngram",)  # NGRAM: proposals from the prompt itself
     reset_cache_path = "/flush_cache"
     # SGLang answers 400 ("Cache not flushed because there are pending requests") until the
     # requests it is running or queueing are gone, such as those of a step the tuner cut short.
@@ -130,7 +131,7 @@ class SglangAdapter(EngineAdapter):
             ]  # fmt: skip
         return [
             "--speculative-algorithm", "STANDALONE",
-            "--speculative-draft-model-path", model.drafts.get(draft, draft),
+            "--speculative-draft-model-path", model.draft_path(draft),
             "--speculative-num-steps", str(k),
             "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", str(k + 1),

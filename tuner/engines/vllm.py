@@ -94,6 +94,7 @@ class VllmAdapter(EngineAdapter):
     health_path = "/health"
     ttft_histogram = "vllm:time_to_first_token_seconds"
     waiting_gauge = "vllm:num_requests_waiting"
+    model_free_drafts = ("ngram",)  # prompt lookup: proposals from the prompt itself
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
     measuring_env = MappingProxyType({"VLLM_SERVER_DEV_MODE": "1"})
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
@@ -130,7 +131,7 @@ class VllmAdapter(EngineAdapter):
         return model.max_model_len
 
     def draft_slots(self, params: Mapping[str, Any]) -> int | None:
-        if not int(params.get("num_speculative_tokens") or 0) or params.get("draft_model") == "ngram":
+        if not int(params.get("num_speculative_tokens") or 0) or params.get("draft_model") in self.model_free_drafts:
             return 0
         return 1
 
@@ -180,7 +181,7 @@ class VllmAdapter(EngineAdapter):
         if draft == "ngram":
             spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
         else:
-            spec = {"model": model.drafts.get(draft, draft), "num_speculative_tokens": k, "method": "draft_model"}
+            spec = {"model": model.draft_path(draft), "num_speculative_tokens": k, "method": "draft_model"}
         if params.get("spec_schedule"):  # vLLM 0.26+: K by batch size, [first, last, K] ranges
             spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in params["spec_schedule"]]
         return spec

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device, ModelSpec
 
 UNCALIBRATED_MARGIN = 0.5  # screen only when the estimate is below half of what is needed
@@ -107,9 +108,10 @@ class Estimate:
 
 def screen_key(config: Config, device: Device, model: ModelSpec) -> str:
     """Trials that calibrate each other: same engine, device kind, draft model and max model length.
-    N-gram speculation has no draft model, so it shares the key of no speculation."""
+    Speculation without a draft model (the adapter's ``model_free_drafts``) shares the key of none."""
     spec = config.params.get("draft_model") if int(config.params.get("num_speculative_tokens", 0)) > 0 else None
-    return f"{config.engine}|{device.kind}|{'-' if spec in (None, 'ngram') else spec}|{model.max_model_len}"
+    free = spec is None or spec in ADAPTERS[config.engine].model_free_drafts
+    return f"{config.engine}|{device.kind}|{'-' if free else spec}|{model.max_model_len}"
 
 
 def _without_draft(key: str) -> str:
@@ -123,12 +125,13 @@ def _fraction(config: Config, default_fraction: float | None) -> float | None:
 
 
 def _shapes(config: Config, model: ModelSpec) -> list[Shape] | None:
-    """The target's shape, and the draft's when speculation runs a draft model (ngram has none)."""
+    """The target's shape, and the draft's when speculation runs a draft model (a model-free one has none)."""
     dummy = model.load_format == "dummy"
     shapes = [read_shape(model.path, dummy)]
     draft = config.params.get("draft_model")
-    if int(config.params.get("num_speculative_tokens", 0)) > 0 and draft and draft != "ngram":
-        shapes.append(read_shape(model.drafts.get(str(draft), str(draft)), dummy))
+    free = ADAPTERS[config.engine].model_free_drafts
+    if int(config.params.get("num_speculative_tokens", 0)) > 0 and draft and draft not in free:
+        shapes.append(read_shape(model.draft_path(str(draft)), dummy))
     return None if any(s is None for s in shapes) else [s for s in shapes if s is not None]
 
 

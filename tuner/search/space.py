@@ -40,8 +40,10 @@ from pydantic import (
     model_validator,
 )
 
+from tuner.engines import ADAPTERS
 from tuner.engines.base import Config
 from tuner.errors import ConfigError
+from tuner.inputs import parse_bounded, read_text
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"  # package data: found after any install
 KNOWN_ENGINES = ("vllm", "sglang")
@@ -183,12 +185,9 @@ class Space(_Strict):
 def load_space(path: Path | None = None) -> Space:
     """Read and validate a search-space file; every problem is a ConfigError naming the key."""
     where = path or DEFAULT_SPACE
+    text = read_text(where, "a search space", "YAML")
     try:
-        raw = yaml.safe_load(where.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where}: not a text file (no UTF-8 at byte {exc.start}); a search space is YAML") from exc
+        raw = parse_bounded(yaml.safe_load, text, str(where))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {str(exc).splitlines()[0]}") from exc
     if not isinstance(raw, dict):
@@ -224,10 +223,21 @@ def distributions(space: Space, engines: Sequence[str], drafts: Sequence[str]) -
         out[name("num_speculative_tokens")] = (
             CategoricalDistribution(ks.choices) if isinstance(ks, CountChoices) else IntDistribution(ks.low, ks.high)
         )
+        _check_drafts(engine, [str(d) for d in draft_choices], drafts)
         out[name("draft_model")] = CategoricalDistribution(draft_choices)
         if engine == "vllm" and p.spec_schedule is not None:
             out[name("spec_schedule")] = CategoricalDistribution(list(p.spec_schedule.choices))
     return out
+
+
+def _check_drafts(engine: str, named: Sequence[str], drafts: Sequence[str]) -> None:
+    """A draft the space names must be one the model has (``--draft-model``), one the engine runs
+    without a model, or a model folder; else a launch would carry the bare name as the draft's path."""
+    free = ADAPTERS[engine].model_free_drafts
+    for draft in named:
+        if draft not in drafts and draft not in free and not (Path(draft) / "config.json").is_file():
+            known = ", ".join([*drafts, *free]) or "none: give one with --draft-model"
+            raise ConfigError(f"parameters.draft_model: no draft {draft!r} for {engine} here; drafts: {known}")
 
 
 def suggest(

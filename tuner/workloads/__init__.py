@@ -50,7 +50,7 @@ def source(name: str) -> str | Trace:
     if name in WORKLOADS:
         return name
     path = Path(name)
-    if path.is_file():
+    if path.exists():  # a folder or a device file too: read_trace says why it is not a trace
         return read_trace(path)
     if path.suffix in (".json", ".jsonl") or "/" in name:
         raise ConfigError(f"--workload {name}: no such trace file")

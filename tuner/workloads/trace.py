@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.inputs import parse_bounded, read_text
 from tuner.naming import safe_name
 from tuner.workloads.arrivals import Arrival
 from tuner.workloads.base import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT
@@ -77,10 +78,7 @@ class Trace:
 
 def read_trace(path: Path) -> Trace:
     """Parse and check the whole file; nothing is built or sent from a file with a bad line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the trace: {exc}") from exc
+    text = read_text(path, "a trace", "JSON lines (or a ShareGPT JSON array)")
     if text.lstrip().startswith("["):
         entries = read_sharegpt(path, text)
     else:
@@ -102,7 +100,7 @@ def read_trace(path: Path) -> Trace:
 def _entry(path: Path, number: int, line: str) -> TraceEntry:
     where = f"line {number}"
     try:
-        item = json.loads(line)
+        item = parse_bounded(json.loads, line, f"{path} {where}")
     except ValueError as exc:
         raise ConfigError(f"{path} {where}: not JSON: {exc}") from exc
     if not isinstance(item, dict):
@@ -223,7 +221,7 @@ SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "a
 
 def read_sharegpt(path: Path, text: str) -> list[TraceEntry]:
     try:
-        items = json.loads(text)
+        items = parse_bounded(json.loads, text, str(path))
     except ValueError as exc:
         raise ConfigError(f"{path}: not JSON: {exc}") from exc
     if not isinstance(items, list):

@@ -590,3 +590,49 @@ def test_an_engine_env_that_holds_no_engine_is_bad_input(tmp_path: Path) -> None
     _refused(["search", "--workload", "rag", "--engines", "vllm", "--engine-env", f"vllm={empty}"],
              f"--engine-env vllm={empty}: no vllm environment")  # fmt: skip
     assert not (tmp_path / "studies").exists() or not any((tmp_path / "studies").iterdir())
+
+
+# Deep nesting and files that are not regular: a parser's recursion and a read that never ends. The
+# depths are a fixed set, not drawn: Hypothesis guards the recursion limit itself inside @given.
+NESTINGS = [(opening, depth, closed) for opening in ("[", '{"a": ') for depth in (1_000, 8_614, 60_000)
+            for closed in (False, True)]  # fmt: skip
+
+
+def _nested(opening: str, depth: int, closed: bool) -> str:
+    inner = opening * depth + "1"
+    return inner + ("]" if opening == "[" else "}") * depth * closed
+
+
+def test_deeply_nested_spaces_and_traces_are_one_line(model: Path, tmp_path: Path) -> None:
+    tally = Tally("deep-nesting")
+    space, trace, out = tmp_path / "space.yaml", tmp_path / "trace.jsonl", tmp_path / "requests.jsonl"
+    for nesting in NESTINGS:
+        text = _nested(*nesting)
+        space.write_text("engines: [vllm]\nparameters: " + text + "\n")
+        with judged(tally, ["plan", "--workload", "rag", "--space", str(space), "--n", "1"]) as run:
+            assert run["code"] == 2 and str(space) in str(run["err"]), (nesting, run["err"])
+        trace.write_text('{"prompt": "hi", "extra": ' + text + "}\n")
+        with judged(tally, ["workload", str(trace), "--out", str(out), "--model", str(model)]) as run:
+            assert run["code"] == 2 and str(trace) in str(run["err"]) and not out.exists(), (nesting, run["err"])
+    tally.save()
+    assert tally.exit2_one_line == tally.tried == 2 * len(NESTINGS)
+
+
+def test_files_that_are_not_regular_are_one_line_and_never_read(model: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it to read would block until a writer came: it must not be opened
+    for special in ("/dev/zero", str(fifo), str(tmp_path)):
+        _refused(["plan", "--workload", "rag", "--space", special, "--n", "1"], f"{special}: not a regular file")
+        _refused(["workload", special, "--out", str(tmp_path / "o.jsonl"), "--model", str(model)],
+                 f"{special}: not a regular file")  # fmt: skip
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_draft_the_space_names_but_nothing_provides_is_bad_input(tmp_path: Path, model: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("engines: [vllm]\nparameters:\n  num_speculative_tokens: {choices: [2]}\n"
+                     "  draft_model: {choices: [my-draft]}\n")  # fmt: skip
+    _refused(["plan", "--workload", "rag", "--space", str(space), "--n", "1"], "no draft 'my-draft' for vllm")
+    _refused(
+        ["plan", "--workload", "rag", "--space", str(space), "--n", "1", "--model", str(model)], "drafts: ngram"
+    )  # a user's target without --draft-model has only the model-free one

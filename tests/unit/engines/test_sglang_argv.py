@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
 from tuner.engines.prometheus import parse_prometheus
 from tuner.engines.sglang import SglangAdapter
-from tuner.errors import EnvironmentSetupError
+from tuner.errors import ConfigError, EnvironmentSetupError
 
 PYTHON = "/envs/sglang/bin/python"
 VERSION = "0.5.23"
@@ -34,6 +35,13 @@ ALL_PARAMS: dict[str, Any] = {
 def _launch(params: Mapping[str, Any], *, model: ModelSpec = MODEL, version: str = VERSION, **kw: Any) -> LaunchSpec:
     config = Config(engine="sglang", params=dict(params), **kw)
     return SglangAdapter().launch(config, model, CUDA, PORT, PYTHON, version)
+
+
+@pytest.mark.parametrize("draft", ["my-draft", "/no/such/draft"])
+def test_a_draft_the_model_lacks_is_bad_input_not_a_path(draft: str) -> None:
+    # before: the bare name went to --speculative-draft-model-path and the engine failed at boot
+    with pytest.raises(ConfigError, match=f"no draft '{draft}' here"):
+        _launch({"num_speculative_tokens": 2, "draft_model": draft})
 
 
 def _value(argv: Sequence[str], flag: str) -> str:
@@ -172,12 +180,15 @@ def test_ngram_needs_no_draft_model(k: int) -> None:
         {"num_speculative_tokens": 1, "draft_model": "draft-1l"},
         {"num_speculative_tokens": 4, "draft_model": "draft-2l"},
         {"num_speculative_tokens": 2, "draft_model": "ngram"},
-        {"num_speculative_tokens": 3, "draft_model": "/abs/path/to/a/draft"},
+        {"num_speculative_tokens": 3, "draft_model": "A_FOLDER"},  # a model folder given by path
         ALL_PARAMS,
     ],
 )
-def test_a_draft_path_never_comes_without_the_algorithm(params: dict[str, Any]) -> None:
+def test_a_draft_path_never_comes_without_the_algorithm(params: dict[str, Any], tmp_path: Path) -> None:
     """SGLang's default algorithm is None: a draft path alone resolves silently with speculation off."""
+    if params.get("draft_model") == "A_FOLDER":
+        (tmp_path / "config.json").write_text("{}")
+        params = {**params, "draft_model": str(tmp_path)}
     argv = _launch(params).argv
     if "--speculative-draft-model-path" in argv:
         assert _value(argv, "--speculative-algorithm") == "STANDALONE"

@@ -11,7 +11,7 @@ import pytest
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
 from tuner.engines.prometheus import parse_prometheus
 from tuner.engines.vllm import VllmAdapter
-from tuner.errors import EnvironmentSetupError
+from tuner.errors import ConfigError, EnvironmentSetupError
 
 PYTHON = "/envs/vllm/bin/python"
 VERSION = "0.32.0"
@@ -326,3 +326,10 @@ def test_server_stats_without_speculation_or_prefix_cache() -> None:
         "prefix_cache_hit_rate",
         "server_ttft_mean_ms",
     }
+
+
+@pytest.mark.parametrize("draft", ["my-draft", "/no/such/draft"])
+def test_a_draft_the_model_lacks_is_bad_input_not_a_path(draft: str) -> None:
+    # before: the bare name went into --speculative-config as the draft's model path
+    with pytest.raises(ConfigError, match=f"no draft '{draft}' here"):
+        _launch({"num_speculative_tokens": 2, "draft_model": draft})

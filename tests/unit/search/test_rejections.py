@@ -3,13 +3,15 @@ the rule on its own, on the H200 study's real rejected trial, and through the se
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 
 from tests.unit.measure.test_gpu_telemetry import ROOT, STUDY
 from tests.unit.search.test_objective import ScriptedEngine, _study
 from tests.unit.search.test_objective import ctx as ctx  # noqa: F401  (a fixture)
-from tuner.engines.base import Config
+from tuner.engines.base import Config, ModelSpec
 from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.failures import classify_boot
@@ -117,6 +119,8 @@ def test_the_search_records_a_config_no_easier_than_a_rejected_one_without_a_boo
     ctx: TrialContext,  # noqa: F811
 ) -> None:
     study, engine = _study(), RejectingEngine()
+    # the draft the space names must be the model's (its folder need not exist: no engine boots)
+    ctx = dataclasses.replace(ctx, model=ModelSpec(ctx.model.path, drafts={"draft-2l": ctx.model.path + "/draft-2l"}))
     space = Space.model_validate({"engines": ["vllm"], "parameters": {
         "memory_fraction": {"choices": [0.9]}, "chunk_size": {"choices": [512, 2048]},
         "num_speculative_tokens": {"choices": [0, 2, 4]}, "draft_model": {"choices": ["draft-2l"]}}})  # fmt: skip

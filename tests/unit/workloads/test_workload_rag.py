@@ -119,7 +119,7 @@ def _same_document_pairs(tokenizer: Tokenizer, workload: Workload) -> list[tuple
     """(prompt tokens a, prompt tokens b, their common token prefix, the shorter share) for each pair
     of requests that draw the same document (their text after the preamble opens alike)."""
     ids = [tokenizer.encode(r.body["prompt"]).ids for r in workload.requests]
-    share = rag_module.DEFAULT_REUSE if workload.description.find("40%") >= 0 else None
+    share = rag_module.DEFAULT_REUSE if f"{rag_module.DEFAULT_REUSE:.0%}" in workload.description else None
     assert share is not None
     opening = [r.body["prompt"].split("Document:\n", 1)[-1][:200] for r in workload.requests]
     pairs = []
