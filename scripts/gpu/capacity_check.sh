@@ -15,6 +15,7 @@
 # wrapper, VLLM_SERVER_DEV_MODE=1 so the tuner can reset the prefix cache, study.sh's compile caches,
 # its log in $CKD/server_CFG.log):
 #   defaults: --max-model-len 8192
+#   eager:    --max-model-len 8192 --enforce-eager
 #   draft:    --max-model-len 8192 --enable-chunked-prefill --max-num-batched-tokens 2048
 #             --gpu-memory-utilization 0.9 --speculative-config {draft-2l, K=3, draft_model}
 # then runs that config's steps on that boot, in the order STEPS_CFG gives (words drive1, drive2, verify):
@@ -204,6 +205,9 @@ if [ "$HAVE_VERIFY" = 0 ]; then gen_prompts & WPID=$!; fi
 for cfg in $CFGS; do
   case $cfg in
     defaults) FLAGS=(--max-model-len 8192) ;;
+    # the defaults without CUDA graphs and torch.compile: a boot short enough for a lease's last minutes,
+    # for what does not depend on them (the prefix-cache hit rate of the workload)
+    eager) FLAGS=(--max-model-len 8192 --enforce-eager) ;;
     draft) FLAGS=(--max-model-len 8192 --enable-chunked-prefill --max-num-batched-tokens 2048
                   --gpu-memory-utilization 0.9 --speculative-config
                   "{\"model\": \"$MODELS/draft-2l\", \"num_speculative_tokens\": 3, \"method\": \"draft_model\"}") ;;

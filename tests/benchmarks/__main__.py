@@ -49,6 +49,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_fidelity", ()),
     ("bench_fidelity", ("--pin",)),
     ("bench_noise", ()),
+    ("bench_prometheus", ()),
     ("bench_quickstart", ()),
     ("bench_search", ()),
     ("bench_stress_demo", ()),

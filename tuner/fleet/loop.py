@@ -41,7 +41,7 @@ import sqlalchemy.exc
 
 from tuner.errors import ConfigError
 from tuner.measure.trial import TrialContext
-from tuner.study.attrs import STRESS_CHECK_KIND, trial_attrs
+from tuner.study.attrs import SCREENED, STRESS_CHECK_KIND, TrialAttrs, trial_attrs, write_trial_attrs
 from tuner.study.storage import Outage, redacted
 
 BusyCheck = Callable[[], str | None]  # why this slot's GPUs cannot take a trial now, or None
@@ -143,8 +143,8 @@ def _take(study: optuna.Study, objective: TrialObjective[Any], budget: Budget, l
         if prepared.told:  # screened, or already measured: nothing boots
             study.tell(trial, prepared.values or None, state=prepared.state)
             return False
-        trial.set_user_attr("worker", worker_attrs(slot.gpus))
-        trial.set_user_attr("booted", True)  # counted from now on, so the budget holds exactly
+        # booted: counted from now on, so the budget holds exactly
+        write_trial_attrs(trial, TrialAttrs(worker=worker_attrs(slot.gpus), booted=True))
         return trial, prepared
 
 
@@ -217,7 +217,7 @@ _IN_PROCESS = threading.Lock()
 
 def booted(t: optuna.trial.FrozenTrial) -> bool:
     attrs = trial_attrs(t)
-    told = attrs.get("failure") == "screened" or attrs.get("config_kind") == STRESS_CHECK_KIND  # never booted
+    told = attrs.get("failure") == SCREENED or attrs.get("config_kind") == STRESS_CHECK_KIND  # never booted
     return bool(attrs.get("booted", not told))
 
 

@@ -12,7 +12,7 @@ import optuna
 
 from tuner.report.capacity import capacity_cell, is_capacity_study, slo_text, tiers
 from tuner.report.describe import engine_of, params_text
-from tuner.study.attrs import is_default, study_attrs_of
+from tuner.study.attrs import SCREENED, is_default, study_attrs_of
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
 from tuner.study.verdict import describe_verdict, interval_text
@@ -101,7 +101,7 @@ def search_effort(study: optuna.Study) -> str:
     attrs = [t.user_attrs for t in study.get_trials(deepcopy=False)]
     # a twin says booted=False (and carries no times); trials recorded before that flag had boot_s alone
     booted = sum(1 for a in attrs if a.get("booted", a.get("boot_s") is not None))
-    screened = sum(1 for a in attrs if a.get("failure") == "screened")
+    screened = sum(1 for a in attrs if a.get("failure") == SCREENED)
     twins = sum(1 for a in attrs if a.get("duplicate_of") is not None)
     pruned = [a["pruned"] for a in attrs if a.get("pruned")]
     # the load pruner knows what it spared; a capacity search cut at its rescue probe (PRUNE_SHARE x

@@ -32,7 +32,16 @@ from tuner.measure.statistics import interval
 from tuner.measure.stress import judge as judge_stress
 from tuner.measure.trial import TrialContext, TrialResult, run_trial
 from tuner.search import scoring as objectives
-from tuner.study.attrs import CONSTRAINT, DEFAULT_KIND, STRESS_CHECK_KIND, is_default, study_attrs_of, trial_attrs
+from tuner.study.attrs import (
+    CONSTRAINT,
+    DEFAULT_KIND,
+    STRESS_CHECK_KIND,
+    TrialAttrs,
+    checked_trial_attrs,
+    is_default,
+    study_attrs_of,
+    trial_attrs,
+)
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
 from tuner.study.objectives import objective_named
 from tuner.study.verdict import TOO_FEW_RUNS
@@ -165,17 +174,17 @@ def _describe(entry: dict[str, Any]) -> str:
 def _add_failed_check(study: optuna.Study, trial: optuna.trial.FrozenTrial, entry: dict[str, Any]) -> None:
     """The failed check as a trial of its own, so the sampler and the dashboard see the class."""
     objective = objective_named(study_attrs_of(study).get("objective")).name
-    attrs = {
-        "config_kind": STRESS_CHECK_KIND, "stress_of": trial.number, "failure": entry["failure"],
-        "constraint_violation": 1.0, "engine": trial_attrs(trial).get("engine"),
-        "config": trial_attrs(trial).get("config"), "launch": trial_attrs(trial).get("launch"), "stress": entry,
-    }  # fmt: skip
+    of = trial_attrs(trial)
+    attrs = TrialAttrs(
+        config_kind=STRESS_CHECK_KIND, stress_of=trial.number, failure=entry["failure"], constraint_violation=1.0,
+        engine=of.get("engine", ""), config=of.get("config", {}), launch=of.get("launch", {}), stress=entry,
+    )  # fmt: skip
     study.add_trial(
         optuna.trial.create_trial(
             params=trial.params,
             distributions=trial.distributions,
             values=objectives.values(objective, {}, failed=True),
-            user_attrs=attrs,
+            user_attrs=checked_trial_attrs(attrs),
             constraints={CONSTRAINT: 1.0},
         )  # fmt: skip
     )

@@ -17,14 +17,13 @@ or not, calibrates the next ones, and the screen's hits and misses can be counte
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
@@ -39,11 +38,19 @@ from tuner.search.pruning import FrontWatch, checkpoints
 from tuner.search.rejections import REJECTED, rejected_like
 from tuner.search.scoring import values, violation
 from tuner.search.space import Space, suggest
-from tuner.study.attrs import CONSTRAINT, SAMPLED_KIND, is_default, trial_attrs
+from tuner.study.attrs import (
+    CONSTRAINT,
+    SAMPLED_KIND,
+    SCREENED,
+    TrialAttrs,
+    checked_trial_attrs,
+    is_default,
+    trial_attrs,
+    write_trial_attrs,
+)
 from tuner.study.cost import tok_s_per_gpu
 from tuner.study.feasible import feasible_trials
 
-SCREENED = "screened"
 Runner = Callable[..., TrialResult]  # (number, config, ctx, watch=...) -> TrialResult
 
 
@@ -86,7 +93,7 @@ class SearchObjective:
         trial, or one whose config was already measured, is recorded here and carries what to tell."""
         default = is_default(trial)
         if not default:
-            trial.set_user_attr("config_kind", SAMPLED_KIND)
+            write_trial_attrs(trial, TrialAttrs(config_kind=SAMPLED_KIND))
         ctx = self.ctx
         config = suggest(trial, self.space, list(ctx.engines), list(ctx.model.drafts), default)
         finished = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -131,20 +138,19 @@ class SearchObjective:
         seen = [t.params for t in self.study.get_trials(deepcopy=False)]
         fresh = [p for p in points if p not in seen]
         if fresh:
-            self.study.enqueue_trial(random.Random(number).choice(fresh), user_attrs={"config_kind": SAMPLED_KIND})
+            kind = checked_trial_attrs(TrialAttrs(config_kind=SAMPLED_KIND))
+            self.study.enqueue_trial(random.Random(number).choice(fresh), user_attrs=kind)
 
     def _duplicate(
         self, trial: optuna.Trial, config: Config, twin: optuna.trial.FrozenTrial, est: dict[str, Any] | None
     ) -> Prepared:
         """Tell the twin's outcome again, without a boot: the sampler learns the same as from the twin.
         Its times are the twin's alone, so a sum over the study counts that boot once."""
-        for key, value in twin.user_attrs.items():
-            if key == "capacity" and isinstance(value, dict):
-                value = {**value, "search_s": None}  # the curve is the twin's; the seconds it took were spent once
-            if key not in ("config_kind", "worker", "boot_s", "phases_s"):
-                trial.set_user_attr(key, value)
-        trial.set_user_attr("booted", False)
-        trial.set_user_attr("duplicate_of", twin.number)
+        copied = {k: v for k, v in twin.user_attrs.items() if k not in ("config_kind", "worker", "boot_s", "phases_s")}
+        if isinstance(copied.get("capacity"), dict):  # the curve is the twin's; the seconds it took were spent once
+            copied["capacity"] = {**copied["capacity"], "search_s": None}
+        write_trial_attrs(trial, cast(TrialAttrs, copied))
+        write_trial_attrs(trial, TrialAttrs(booted=False, duplicate_of=twin.number))
         self.ctx.progress.phase(trial.number, "known", f"same config as trial {twin.number}: not booted again")
         self._explore_next(trial.number)
         if twin.state == optuna.trial.TrialState.PRUNED:
@@ -156,7 +162,7 @@ class SearchObjective:
         """Boot, drive and record a prepared trial (``ctx``: a GPU slot's own context); a pruned
         trial raises ``optuna.TrialPruned`` once recorded."""
         self.boots += 1
-        trial.set_user_attr("booted", True)
+        write_trial_attrs(trial, TrialAttrs(booted=True))
         capacity = (ctx or self.ctx).capacity is not None
         watch = None if prepared.is_default or not self.prune or capacity else self._watch()
         extra: dict[str, Any] = {}
@@ -202,7 +208,7 @@ class SearchObjective:
 
     def _not_booted(
         self, trial: optuna.Trial, config: Config, failure: str, phase: str, why: str,
-        est: dict[str, Any] | None, **attrs: object,
+        est: dict[str, Any] | None, rejected_like: int | None = None,
     ) -> Prepared:  # fmt: skip
         """Record, with ``failure`` and no boot, a config screened out or rejected like an earlier one."""
         adapter, env = self.ctx.engines[config.engine]
@@ -211,9 +217,9 @@ class SearchObjective:
         result = TrialResult(config=config, launch=launch, engine_version=env.version, failure=failure)
         result.memory_estimate = est
         values = record(trial, result, self.objective, self.ctx.slo)
-        trial.set_user_attr("booted", False)
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+        write_trial_attrs(trial, TrialAttrs(booted=False))
+        if rejected_like is not None:
+            write_trial_attrs(trial, TrialAttrs(rejected_like=rejected_like))
         return Prepared(config, est, False, told=True, values=values)
 
 
@@ -221,40 +227,35 @@ def _describe(config: Config) -> str:
     return " ".join(f"{k}={v}" for k, v in config.params.items())
 
 
+# TrialResult's fields that ``record`` stores in another form (the launch as stored, the config as its engine
+# and parameters, the capacity search flattened by tier), and the one it leaves to the finalists: the stress
+# run's raw outcome, whose reading they store. Every other field is stored as it is.
+RECORDED_DERIVED = frozenset({"launch", "config", "capacity"})
+NOT_RECORDED = frozenset({"stress"})
+RECORDED_AS_IS = tuple(f.name for f in fields(TrialResult) if f.name not in RECORDED_DERIVED | NOT_RECORDED)
+
+
 def record(
     trial: optuna.Trial, result: TrialResult, objective: str = "pareto", slo: Mapping[str, float] | None = None
 ) -> list[float]:
     """Store the trial's user attributes and return its objective values."""
-    attrs: dict[str, Any] = {
-        "ttft_p95_ms": _finite(result.ttft_p95_ms),
-        "output_throughput_tok_s": result.output_throughput_tok_s,
-        "failure": result.failure,
-        "constraint_violation": violation(result, objective, slo),
-        "launch": result.launch.stored(),  # python, module, args, host, port, env: what exports read
-        "engine": result.config.engine,
-        "engine_version": result.engine_version,
-        "config": dict(result.config.params),
-        "metrics": {k: _finite(v) for k, v in result.metrics.items()},
-        "server": result.server,
-        "served_by": result.served_by,
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "engine_gpu_peak_bytes": result.engine_gpu_peak_bytes,
-        "boot_s": result.boot_s,
-        "log_path": result.log_path,
-        "log_tail": result.log_tail[-10000:],
-        "warnings": result.warnings,
-        "ttft_samples_ms": result.ttft_samples_ms,
-        "request_log": result.request_log,
-        "checkpoints": checkpoints(result.request_log, slo or {}) if result.failure is None else {},
-        "ci": trial_intervals(result.request_log, result.metrics) if result.failure is None else {},
-        "phases_s": result.phases_s,
-        "pruned": result.pruned,
-        "memory_estimate": result.memory_estimate,
-        "memory_facts": result.memory_facts,
-        **capacity_attrs(result),
-    }
-    for key, value in attrs.items():
-        trial.set_user_attr(key, json.loads(json.dumps(value)))
+    attrs = cast(TrialAttrs, {name: getattr(result, name) for name in RECORDED_AS_IS})
+    attrs.update(
+        TrialAttrs(
+            ttft_p95_ms=_finite(result.ttft_p95_ms),
+            output_throughput_tok_s=result.output_throughput_tok_s,
+            constraint_violation=violation(result, objective, slo),
+            launch=result.launch.stored(),  # python, module, args, host, port, env: what exports read
+            engine=result.config.engine,
+            config=dict(result.config.params),
+            metrics={k: _finite(v) for k, v in result.metrics.items()},
+            log_tail=result.log_tail[-10000:],
+            checkpoints=checkpoints(result.request_log, slo or {}) if result.failure is None else {},
+            ci=trial_intervals(result.request_log, result.metrics) if result.failure is None else {},
+            **capacity_attrs(result),
+        )
+    )
+    write_trial_attrs(trial, attrs)
     trial.set_constraint(CONSTRAINT, attrs["constraint_violation"])
     return values(objective, result.metrics, failed=result.failure is not None)
 
@@ -264,18 +265,20 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def capacity_attrs(result: TrialResult) -> dict[str, Any]:
+def capacity_attrs(result: TrialResult) -> TrialAttrs:
     """A capacity trial's figures as flat attributes (``tuner trials`` and the dashboard show them) and
     its whole search (every tier's curve) as ``capacity``; nothing for the older objectives."""
     if result.capacity is None:
         return {}
     tiers = result.capacity["tiers"]
     first = result.capacity["objective_tier"]
-    return {
-        "capacity": result.capacity,
-        "capacity_req_s": tiers[first]["capacity_req_s"],
-        "slo": {"tier": first, **tiers[first]["slo"], "attainment": tiers[first]["target"]},
-        **{f"capacity_{tier}_req_s": searched["capacity_req_s"] for tier, searched in tiers.items()},
+    attrs = TrialAttrs(
+        capacity=result.capacity,
+        capacity_req_s=tiers[first]["capacity_req_s"],
+        slo={"tier": first, **tiers[first]["slo"], "attainment": tiers[first]["target"]},
         # what the capacity is worth: output tokens/s one GPU sustains at it (tuner.study.cost)
-        "output_tok_s_per_gpu": tok_s_per_gpu({"capacity": result.capacity, "launch": result.launch.stored()}, first),
-    }
+        output_tok_s_per_gpu=tok_s_per_gpu({"capacity": result.capacity, "launch": result.launch.stored()}, first),
+    )
+    # each tier's capacity, keyed by its name: checked against TrialAttrs when written
+    per_tier = {f"capacity_{tier}_req_s": searched["capacity_req_s"] for tier, searched in tiers.items()}
+    return cast(TrialAttrs, {**attrs, **per_tier})

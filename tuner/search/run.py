@@ -43,7 +43,7 @@ from tuner.search.samplers import make_sampler
 from tuner.search.scoring import check_objective, directions
 from tuner.search.space import Space, check_space_fits, load_space
 from tuner.search.verify_server import verify_winners
-from tuner.study.attrs import SAMPLED_KIND, bind_study_attrs, enqueue_defaults
+from tuner.study.attrs import SAMPLED_KIND, TrialAttrs, bind_study_attrs, checked_trial_attrs, enqueue_defaults
 from tuner.study.storage import open_study, storage_url
 from tuner.study.verdict import describe_verdict
 from tuner.workloads import source
@@ -58,9 +58,10 @@ __all__ = [
 def enqueue_grid(study: optuna.Study, space: Space, engines: list[str], drafts: list[str], seed: int) -> None:
     """``--sampler grid``: every distinct config not yet in the study, in a seeded order."""
     done = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False)]
+    kind = checked_trial_attrs(TrialAttrs(config_kind=SAMPLED_KIND))
     for point in shuffled(grid_points(space, engines, drafts), seed):
         if point not in done:
-            study.enqueue_trial(point, user_attrs={"config_kind": SAMPLED_KIND})
+            study.enqueue_trial(point, user_attrs=kind)
 
 
 def free_memory(device: Device, gpu: int = 0) -> Callable[[], int | None]:

@@ -9,6 +9,7 @@ feasible Pareto front and never exported.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
@@ -19,13 +20,16 @@ from tuner.errors import ConfigError
 DEFAULT_KIND = "engine_default"  # each engine's default config, enqueued first: the reference
 SAMPLED_KIND = "sampled"  # a config the sampler (or the grid) proposed
 STRESS_CHECK_KIND = "stress_check"  # a finalist's failed stress check, recorded as an infeasible trial of its own
+SCREENED = "screened"  # the failure class of a config the memory screen kept from booting (tuner.search.memory)
 
 
 class TrialAttrs(TypedDict, total=False):
     """Every user attribute a trial carries, with its type: the one place their names are defined.
 
-    Read them through ``trial_attrs(t)``, so mypy checks each key; the values are what
-    ``tuner.search.objective.record`` (and the loop, the screen and the finalists) store.
+    Read them through ``trial_attrs(t)``, so mypy checks each key; write them through
+    ``write_trial_attrs`` (or ``checked_trial_attrs`` for a trial made whole), which refuses a key
+    not declared here. ``tests/unit/study/test_trial_record.py`` holds the other direction: every key
+    declared here is written somewhere, but those of ``LEGACY_TRIAL_KEYS``.
     """
 
     config_kind: str  # DEFAULT_KIND, SAMPLED_KIND or STRESS_CHECK_KIND
@@ -89,6 +93,25 @@ class StudyAttrs(TypedDict, total=False):
     gpu_price_usd_per_hour: float  # tuner search --gpu-price (tuner.study.cost)
 
 
+TRIAL_KEYS = frozenset(TrialAttrs.__annotations__)
+LEGACY_TRIAL_KEYS = frozenset({"argv"})  # read from the studies of older tuners, never written now
+
+
+def checked_trial_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """``attrs`` as they are stored: each key one ``TrialAttrs`` declares, each value JSON (which the
+    RDB storage keeps); a key it does not declare is a programming error, raised as ``KeyError``."""
+    unknown = set(attrs) - (TRIAL_KEYS - LEGACY_TRIAL_KEYS)
+    if unknown:
+        raise KeyError(f"trial attributes not declared in TrialAttrs: {', '.join(sorted(unknown))}")
+    return {key: json.loads(json.dumps(value)) for key, value in attrs.items()}
+
+
+def write_trial_attrs(trial: optuna.Trial, attrs: TrialAttrs) -> None:
+    """Store ``attrs`` on a running trial, refusing any key ``TrialAttrs`` does not declare."""
+    for key, value in checked_trial_attrs(attrs).items():
+        trial.set_user_attr(key, value)
+
+
 def trial_attrs(trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialAttrs:
     return cast(TrialAttrs, trial.user_attrs)
 
@@ -150,7 +173,9 @@ def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
             have.add(t.params.get("engine") or t.system_attrs.get("fixed_params", {}).get("engine"))
     for engine in engines:
         if engine not in have:
-            study.enqueue_trial({"engine": engine}, user_attrs={"config_kind": DEFAULT_KIND})
+            study.enqueue_trial(
+                {"engine": engine}, user_attrs=checked_trial_attrs(TrialAttrs(config_kind=DEFAULT_KIND))
+            )
 
 
 def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:
