@@ -7,6 +7,7 @@ A bad value is a ``ConfigError`` (exit 2, one line) rather than argparse's own e
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -39,33 +40,6 @@ def engine_envs(values: list[str]) -> dict[str, str]:
     return envs
 
 
-def _seed(value: str) -> int:
-    """A seed numpy's generators take: 0 to 2**32 - 1."""
-    try:
-        seed = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if not 0 <= seed < 2**32:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {2**32 - 1}, got {seed}")
-    return seed
-
-
-def _attainment(value: str) -> float:
-    """A share of requests: in (0, 1]."""
-    share = _number(value)
-    if not 0 < share <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return share
-
-
-def _confidence(value: str) -> float:
-    """A probability strictly between 0 and 1."""
-    share = _number(value)
-    if not 0 < share < 1:
-        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {value}")
-    return share
-
-
 def _number(value: str) -> float:
     try:
         number = float(value)
@@ -76,42 +50,45 @@ def _number(value: str) -> float:
     return number
 
 
-def _at_least(low: int) -> Callable[[str], int]:
-    """The value type of a count: a whole number of at least ``low``."""
+def _at_least(low: int, high: int | None = None, says: str | None = None) -> Callable[[str], int]:
+    """The value type of a whole number of at least ``low`` (and at most ``high``); ``says`` the range in words."""
 
     def whole(value: str) -> int:
         try:
             number = int(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-        if number < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {number}")
+        if number < low or (high is not None and number > high):
+            raise argparse.ArgumentTypeError(f"must be {says or f'at least {low}'}, got {number}")
         return number
 
     return whole
 
 
-def _above_zero(value: str) -> float:
-    """Seconds or a rate: a finite number above 0."""
-    number = _number(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
-    return number
+_seed = _at_least(0, 2**32 - 1, f"between 0 and {2**32 - 1}")  # what numpy's generators take
+_port = _at_least(1, 65535, "a TCP port, 1 to 65535")
 
 
-def _burstiness(value: str) -> float:
-    """A gamma shape: below ``MIN_BURSTINESS`` the gaps underflow to 0 (``tuner.workloads.arrivals``)."""
-    number = _number(value)
-    if number < MIN_BURSTINESS:
-        raise argparse.ArgumentTypeError(f"must be at least {MIN_BURSTINESS:g} (1 is Poisson), got {value}")
-    return number
+def _number_in(
+    low: float, high: float, says: str, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], float]:
+    """The value type of a finite number from ``low`` to ``high``, either end open; ``says`` the range in words."""
+
+    def parse(value: str) -> float:
+        number = _number(value)
+        if not ((number > low if low_open else number >= low) and (number < high if high_open else number <= high)):
+            raise argparse.ArgumentTypeError(f"must be {says}, got {value}")
+        return number
+
+    return parse
 
 
-def _port(value: str) -> int:
-    port = _at_least(1)(value)
-    if port > 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to 65535, got {port}")
-    return port
+_attainment = _number_in(0, 1, "in (0, 1]", low_open=True)  # a share of requests
+_confidence = _number_in(0, 1, "strictly between 0 and 1", low_open=True, high_open=True)  # a probability
+_above_zero = _number_in(0, math.inf, "above 0", low_open=True)  # seconds or a rate
+# a gamma shape: below MIN_BURSTINESS the gaps underflow to 0 (tuner.workloads.arrivals)
+_burstiness = _number_in(MIN_BURSTINESS, math.inf, f"at least {MIN_BURSTINESS:g} (1 is Poisson)")
+_reuse_share = _number_in(0, rag.MAX_REUSE, f"between 0 and {rag.MAX_REUSE:g}")  # a share of each prompt
 
 
 def _engine_list(value: str) -> list[str]:
@@ -119,14 +96,6 @@ def _engine_list(value: str) -> list[str]:
     if not engines:
         raise argparse.ArgumentTypeError("expected a comma-separated list of engines")
     return engines
-
-
-def _reuse_share(value: str) -> float:
-    """A share of each prompt: 0 to ``rag.MAX_REUSE``."""
-    share = _number(value)
-    if not 0 <= share <= rag.MAX_REUSE:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {rag.MAX_REUSE:g}, got {value}")
-    return share
 
 
 def _reuse_flag(parser: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import httpx
 
@@ -98,6 +98,17 @@ class _Run:
                 self.on_record(record)
 
 
+REQUEST_TIMEOUT_S = 120.0
+
+
+class DriveOptions(TypedDict, total=False):
+    """What ``drive`` and ``drive_sync`` take beside the requests and the concurrency."""
+
+    request_timeout_s: float  # REQUEST_TIMEOUT_S when not given
+    on_record: Callable[[RequestRecord], None] | None  # hears of each request as it ends
+    on_first_token: Callable[[str, float], None] | None  # hears (request id, time) of each first token
+
+
 async def drive(
     client: httpx.AsyncClient,
     base_url: str,
@@ -105,16 +116,14 @@ async def drive(
     requests: Sequence[Request],
     *,
     concurrency: int,
-    request_timeout_s: float = 120.0,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    on_first_token: Callable[[str, float], None] | None = None,
+    **options: Unpack[DriveOptions],
 ) -> DriveResult:
-    """Send ``requests`` (see the module docstring); records come back in request order.
-    ``on_record`` hears of each request as it ends, ``on_first_token(id, t)`` of its first token."""
+    """Send ``requests`` (see the module docstring); records come back in request order."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    run = _Run(client, base_url, model, requests, request_timeout_s, asyncio.Semaphore(concurrency), on_record,
-               on_first_token)  # fmt: skip
+    timeout_s = options.get("request_timeout_s", REQUEST_TIMEOUT_S)
+    run = _Run(client, base_url, model, requests, timeout_s, asyncio.Semaphore(concurrency),
+               options.get("on_record"), options.get("on_first_token"))  # fmt: skip
     run.records = [None] * len(requests)
     groups = units(requests)
     if any(r.arrival_s is not None for r in requests):  # open loop: every unit on its own schedule
@@ -169,8 +178,7 @@ def drive_sync(
     requests: Sequence[Request],
     *,
     concurrency: int,
-    request_timeout_s: float = 120.0,
-    on_record: Callable[[RequestRecord], None] | None = None,
+    **options: Unpack[DriveOptions],
 ) -> DriveResult:
     """``drive`` in a fresh event loop; with ``client=None`` it owns a client sized for ``concurrency``.
 
@@ -184,17 +192,10 @@ def drive_sync(
             active = client
             if active is None:
                 transport = StreamTransport(max_connections=concurrency)
-                own = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(request_timeout_s))
+                timeout = httpx.Timeout(options.get("request_timeout_s", REQUEST_TIMEOUT_S))
+                own = httpx.AsyncClient(transport=transport, timeout=timeout)
                 active = await stack.enter_async_context(own)
-            return await drive(
-                active,
-                base_url,
-                model,
-                requests,
-                concurrency=concurrency,
-                request_timeout_s=request_timeout_s,
-                on_record=on_record,
-            )
+            return await drive(active, base_url, model, requests, concurrency=concurrency, **options)
 
     # As vLLM's own benchmark client does: no garbage-collection pause may land inside a timed request.
     gc.collect()

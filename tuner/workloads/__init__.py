@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from tokenizers import Tokenizer
 
@@ -57,6 +58,16 @@ def source(name: str) -> str | Trace:
     raise ConfigError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}, or a trace file path")
 
 
+class WorkloadShape(TypedDict, total=False):
+    """How a workload is built beside its name and tokenizer (``build_workload``, ``workload_for_model``)."""
+
+    concurrency: int | None  # the arrival pattern's overrides: closed loop at C, or open loop at a rate
+    rate: float | None
+    burstiness: float | None
+    prefix_reuse: float | None  # the share of each prompt shared as a prefix, for a preset that has one
+    n_warmup: int  # warmup requests, 2 when not given
+
+
 def build_workload(
     name: str | Trace,
     tokenizer: Tokenizer,
@@ -64,14 +75,11 @@ def build_workload(
     seed: int,
     n_requests: int | None,
     max_model_len: int,
-    concurrency: int | None = None,
-    rate: float | None = None,
-    burstiness: float | None = None,
-    prefix_reuse: float | None = None,
-    n_warmup: int = 2,
+    **shape: Unpack[WorkloadShape],
 ) -> Workload:
-    """Build a preset (``n_requests`` None: ``default_requests``) or a trace (None: all of it);
-    ``prefix_reuse``: the share of each prompt shared as a prefix, for a preset that has one."""
+    """Build a preset (``n_requests`` None: ``default_requests``) or a trace (None: all of it)."""
+    concurrency, rate, burstiness = shape.get("concurrency"), shape.get("rate"), shape.get("burstiness")
+    prefix_reuse, n_warmup = shape.get("prefix_reuse"), shape.get("n_warmup", 2)
     if n_requests is not None and n_requests < 1:
         raise ConfigError(f"--requests must be at least 1, got {n_requests}")
     if isinstance(name, Trace) and prefix_reuse is not None:
@@ -118,23 +126,11 @@ def workload_for_model(
     seed: int,
     n_requests: int | None,
     max_model_len: int,
-    concurrency: int | None = None,
-    rate: float | None = None,
-    burstiness: float | None = None,
-    prefix_reuse: float | None = None,
+    **shape: Unpack[WorkloadShape],
 ) -> Workload:
     """``build_workload`` with the model's own tokenizer; says once if chat lengths are approximate."""
-    workload = build_workload(
-        name,
-        load_tokenizer(model_dir),
-        seed=seed,
-        n_requests=n_requests,
-        max_model_len=max_model_len,
-        concurrency=concurrency,
-        rate=rate,
-        burstiness=burstiness,
-        prefix_reuse=prefix_reuse,
-    )
+    tokenizer = load_tokenizer(model_dir)
+    workload = build_workload(name, tokenizer, seed=seed, n_requests=n_requests, max_model_len=max_model_len, **shape)
     if any(r.endpoint == CHAT_ENDPOINT for r in workload.requests):
         check_template(model_dir, workload.name)
     return workload
