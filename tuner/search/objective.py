@@ -141,7 +141,7 @@ class SearchObjective:
         for key, value in twin.user_attrs.items():
             if key == "capacity" and isinstance(value, dict):
                 value = {**value, "search_s": None}  # the curve is the twin's; the seconds it took were spent once
-            if key not in ("config_kind", "worker", "boot_s", "phases_s"):
+            if key not in ("config_kind", "worker", "boot_s", "phases_s", "predicted"):
                 trial.set_user_attr(key, value)
         trial.set_user_attr("booted", False)
         trial.set_user_attr("duplicate_of", twin.number)
