@@ -105,12 +105,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if c is None or not search_space:
             return {}
         model = self.model(study)
-        fixed = trial.system_attrs.get("fixed_params")
-        if fixed:  # enqueued (the engine default, a config the objective queued): predicted, not chosen
-            default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
-            config = _config(c, dict(fixed), default)
-            self._store(study, trial, self._predict(model, study, config), None, 0)
-            return {}
+        if trial.system_attrs.get("fixed_params"):
+            return {}  # enqueued: predicted in before_trial, not chosen here
         candidates = self._candidates(study, trial.number)
         if not candidates:
             return {}
@@ -124,6 +120,16 @@ class ModelSampler(optuna.samplers.BaseSampler):
             choice = max(scored, key=lambda s: (s.gain, _central(s.predictions, c.plan.scored[0]), rng.random()))
         self._store(study, trial, choice.predictions, choice.gain, len(candidates))
         return {k: v for k, v in choice.point.items() if k in search_space}
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """An enqueued trial (the engine default, a config the objective queued) samples nothing, so
+        Optuna never asks for its relative params: its prediction is stored here."""
+        fixed = trial.system_attrs.get("fixed_params")
+        if self._context is None or not fixed:
+            return
+        default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
+        config = _config(self._context, dict(fixed), default)
+        self._store(study, trial, self._predict(self.model(study), study, config), None, 0)
 
     def sample_independent(
         self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str, dist: BaseDistribution
