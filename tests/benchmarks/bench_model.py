@@ -161,8 +161,8 @@ def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, shapes: list[S
     return out
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:+.0f} %"
+def _pct(value: float | None, sign: str = "+") -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:{sign}.0f} %"
 
 
 def render(data: dict[str, Any]) -> str:
@@ -174,7 +174,7 @@ def render(data: dict[str, Any]) -> str:
         "config's recorded steps (the table's rungs) and predicts this one's capacity before it would boot; "
         "the truth is the config's own ladder. Goal: within 20 % for at least 80 % of the served configs.", "",
         _report.table(["tier", "within 20 %", "median error", "median abs error", "rank correlation (Spearman)"],
-                      [[t, f"{v['within']}/{v['configs']}", _pct(v["median_error"]), _pct(v["median_abs_error"]),
+                      [[t, f"{v['within']}/{v['configs']}", _pct(v["median_error"]), _pct(v["median_abs_error"], ""),
                         f"{v['spearman']:.2f}"] for t, v in loo["summary"].items()]), "",
     ]  # fmt: skip
     for t, v in loo["summary"].items():

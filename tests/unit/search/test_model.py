@@ -170,6 +170,9 @@ def test_expected_improvement_prefers_more_and_values_what_is_not_known() -> Non
 
     assert expected_improvement(at(2.0), 1.0, 0.2) > expected_improvement(at(1.5), 1.0, 0.2) > 0
     assert expected_improvement(at(0.5, 0.25, 1.0), 1.0, 0.2) > expected_improvement(at(0.5), 1.0, 0.2)
+    # a range's ends are bounds: one reaching far above the best is worth a boot, one wholly below is not
+    assert expected_improvement(at(1.0, 0.0, 4.0), 1.0, 0.2) > expected_improvement(at(1.0), 1.0, 0.2)
+    assert expected_improvement(at(0.2, 0.0, 0.4), 1.0, 0.2) < 1e-4
     assert expected_improvement(at(0.0), 1.0, 0.2) == 0.0
 
 

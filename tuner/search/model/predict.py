@@ -51,6 +51,7 @@ PRECISION = 0.02  # a predicted capacity is bisected this close: finer than any 
 MAX_DOUBLINGS = 10
 PRIOR_SIGMA = 0.25  # the model's log error assumed until the study has MIN_RECORD predictions of its own
 MIN_RECORD = 3
+RANGE_POINTS = 9  # points a range is averaged over in the expected improvement
 UNKNOWN_ACCEPTANCE = (0.0, 1.0)
 NO_ACCEPTANCE = 0.0  # the acceptance a fit assumes for a step whose counters and draft say nothing
 
@@ -222,15 +223,21 @@ def model_sigma(record: Sequence[tuple[float, float]]) -> float:
 
 
 def expected_improvement(prediction: Prediction, best: float, sigma: float) -> float:
-    """E[max(C - best, 0)] for a capacity C log-normal around the prediction: the model's own error
-    ``sigma``, widened by the range the unmeasured parts allow (taken as four standard deviations)."""
+    """E[max(C - best, 0)] for the capacity C: log-normal with the model's own error ``sigma`` around
+    the prediction, and where a part was never measured, around any point of the range it allows
+    (log-uniform over it: its ends are bounds, so a range wholly below ``best`` is worth little)."""
     c, low, high = prediction.capacity_req_s, prediction.low_req_s, prediction.high_req_s
-    if c is None or high is None or high <= 0:
-        return 0.0 if c is not None else math.inf  # never served: nothing known, so worth a boot
+    if c is None or high is None:
+        return math.inf  # never served: nothing known, so worth a boot
+    if high <= 0:
+        return 0.0
     low = max(low or 0.0, high / 2**MAX_DOUBLINGS)
-    spread = math.log(high / low) / 4
-    s = math.sqrt(sigma**2 + spread**2)
-    m = math.log(max(c, low))
+    points = [c] if high <= low else [low * (high / low) ** (i / (RANGE_POINTS - 1)) for i in range(RANGE_POINTS)]
+    return sum(_lognormal_gain(max(p, low), best, sigma) for p in points) / len(points)
+
+
+def _lognormal_gain(centre: float, best: float, sigma: float) -> float:
+    m, s = math.log(centre), max(sigma, 1e-9)
     if best <= 0:
         return math.exp(m + s * s / 2)
     z = (m - math.log(best)) / s
