@@ -52,6 +52,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_prometheus", ()),
     ("bench_quickstart", ()),
     ("bench_search", ()),
+    ("bench_model", ()),
     ("bench_stress_demo", ()),
     ("bench_scale_out", ()),
     ("bench_workloads", ()),

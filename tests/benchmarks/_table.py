@@ -158,9 +158,17 @@ def load_capacity(path: Path = CAPACITY_TABLE) -> dict[str, Any]:
     return table
 
 
+# A table served before steps were decided by an interval (0168053) kept no step limit in its plan:
+# its rungs served one look each and passed on the share alone. Judged as served: one look, and a
+# confidence of one half, whose quantile is 0, so the interval is the share itself.
+AS_SERVED = {"step_limit": 1, "confidence": 0.5}
+
+
 def plan_of(table: dict[str, Any], scored: tuple[str, ...]) -> CapacityPlan:
-    """The plan the table was served with, scoring ``scored``."""
+    """The plan the table was served with, scoring ``scored`` (an older table's: ``AS_SERVED``)."""
     p = dict(table["plan"])
+    if "step_limit" not in p:
+        p.update(AS_SERVED)
     return CapacityPlan(**{**p, "tiers": {k: dict(v) for k, v in p["tiers"].items()}, "scored": scored})
 
 

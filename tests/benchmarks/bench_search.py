@@ -416,7 +416,10 @@ def main() -> None:
             "results": results, "ablations": ablations, "stress": stress_cases(table),
             "capacity": capacity}  # fmt: skip
     text = _report.stamped(render(data), started)
-    (_report.REPORTS / "search.md").write_text(text + "\n")
+    path = _report.REPORTS / "search.md"
+    # other benchmarks' sections of this report (bench_model's) stay as they were
+    kept = [block for _, block in _report.sections(path.read_text())] if path.exists() else []
+    path.write_text(text + "".join(f"\n{block}\n" for block in kept) + "\n")
     (_report.REPORTS / "search.json").write_text(json.dumps(_report._finite(data), indent=1) + "\n")
     print(text)
 

@@ -188,7 +188,11 @@ def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
 def plan(args: argparse.Namespace) -> int:
     """`tuner plan`: the exact commands sampled trials would start, one JSON line each; boots nothing."""
     source(args.workload)  # a preset name or a readable trace file
-    rows = make_plan(args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env))
+    study = None
+    if args.study is not None:  # its trials rank the plan by predicted capacity
+        study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
+    envs = engine_envs(args.engine_env)
+    rows = make_plan(args.space, args.engines, args.n, args.seed, args.model, args.drafts, envs, study)
     for row in rows:
         print(json.dumps(row))
     return 0

@@ -252,6 +252,8 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model")
     p.add_argument("--draft-model", action="append", default=[], dest="drafts")
     p.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
+    p.add_argument("--study", help="a capacity study whose trials rank the planned configs by predicted capacity")
+    p.add_argument("--storage", help="the study's storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)")
 
 
 def _drive_flags(r: argparse.ArgumentParser) -> None:

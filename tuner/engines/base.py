@@ -131,6 +131,15 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class SchedulerLimits:
+    """One iteration's bounds: the tokens it may schedule (the chunked-prefill budget) and the
+    sequences it may run. None: unbounded, or not known to the adapter."""
+
+    token_budget: int | None
+    max_seqs: int | None
+
+
+@dataclass(frozen=True)
 class BenchRows:
     """Request rows read from a benchmark client's per-request output, in the trial's row form
     (``sent_s``, ``first_s``, ``done_s``: seconds since the run's first request; ``output_tokens``;
@@ -226,6 +235,12 @@ class EngineAdapter(abc.ABC):
 
     def draft_slots(self, params: Mapping[str, Any]) -> int | None:
         return None  # unknown: a rejection for draft slots is generalised only to the same draft
+
+    def scheduler_limits(self, params: Mapping[str, Any], device: Device) -> SchedulerLimits:
+        """What one scheduler iteration may hold under ``params``, the engine's own default where a
+        parameter is not given (the performance model simulates it); None where the adapter does not know."""
+        chunk, seqs = params.get("chunk_size"), params.get("max_num_seqs")
+        return SchedulerLimits(None if chunk is None else int(chunk), None if seqs is None else int(seqs))
 
     def check_version(self, version: str) -> None:
         if not any(version == v or version.startswith(v + ".") for v in self.supported_versions):

@@ -48,6 +48,7 @@ from tuner.engines.base import (
     EngineAdapter,
     LaunchSpec,
     ModelSpec,
+    SchedulerLimits,
     rows_from_lists,
     sharegpt_dataset,
 )
@@ -134,6 +135,19 @@ class VllmAdapter(EngineAdapter):
         if not int(params.get("num_speculative_tokens") or 0) or params.get("draft_model") in self.model_free_drafts:
             return 0
         return 1
+
+    def scheduler_limits(self, params: Mapping[str, Any], device: Device) -> SchedulerLimits:
+        # the OpenAI server's defaults where a flag is not given (EngineArgs.get_batch_defaults, 0.26
+        # and 0.32): the CPU build's, or a GPU's by its memory (an A100 keeps the small ones)
+        if device.kind == "cpu":
+            tokens, seqs = 2048, 128
+        elif device.memory_bytes >= 160 * 2**30:
+            tokens, seqs = 16384, 1024
+        elif device.memory_bytes >= 70 * 2**30 and "a100" not in device.name.lower():
+            tokens, seqs = 8192, 1024
+        else:
+            tokens, seqs = 2048, 256
+        return SchedulerLimits(int(params.get("chunk_size", tokens)), int(params.get("max_num_seqs", seqs)))
 
     def launch(
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str

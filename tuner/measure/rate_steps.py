@@ -117,6 +117,25 @@ class Measured:
     queue_growing: bool = False  # the server's waiting queue kept growing over the window
     replayed: int = 0  # requests of a finite trace sent again (its order kept)
 
+    def compact(self) -> dict[str, Any]:
+        """The step as a trial stores it: its rate, duration, server counters and every request as
+        ``ROW_FIELDS`` (what the performance model, ``tuner.search.model``, fits from)."""
+        return {
+            "rate_req_s": self.rate_req_s, "duration_s": round(self.duration_s, 3), "aborted": self.aborted,
+            "server": {k: _rounded(v) for k, v in self.server.items()},
+            "rows": [[_rounded(r.get(k)) for k in ROW_FIELDS] for r in self.rows],
+        }  # fmt: skip
+
+
+ROW_FIELDS = ("sent_s", "first_s", "done_s", "prompt_tokens", "output_tokens", "error", "request_id")
+
+
+def _rounded(value: Any) -> Any:
+    """Times to 0.1 ms; a non-finite figure (a counter that did not move) as None, as JSON needs."""
+    if isinstance(value, float):
+        return round(value, 4) if math.isfinite(value) else None
+    return value
+
 
 @dataclass
 class CapacityOutcome:
@@ -132,6 +151,7 @@ class CapacityOutcome:
             "tiers": {name: {"slo": dict(plan.tiers[name]), **r.as_dict()} for name, r in self.results.items()},
             "search_s": round(self.search_s, 2),
             "steps_measured": len(self.measured),
+            "measured": [m.compact() for m in self.measured],
         }
 
 
@@ -167,13 +187,14 @@ def _rows(
     """Rows of the requests ended so far, plus those released and still running (no end yet; their
     first token where ``firsts``, the perf-counter times the driver heard of, has it)."""
     ended = {r.request_id for r in records}
-    rows: list[Row] = [request_row(r, started_s) for r in records]
+    # the request's id too: what the performance model looks its prompt up by (tuner.search.model)
+    rows: list[Row] = [{**request_row(r, started_s), "request_id": r.request_id} for r in records]
     for request in requests:
         if request.request_id not in ended and request.arrival_s is not None and request.arrival_s <= now_s:
             first = (firsts or {}).get(request.request_id)
             rows.append({"sent_s": request.arrival_s, "first_s": None if first is None else first - started_s,
                          "done_s": None, "output_tokens": 0, "prompt_tokens": request.prompt_tokens,
-                         "error": None})  # fmt: skip
+                         "error": None, "request_id": request.request_id})  # fmt: skip
     return rows
 
 

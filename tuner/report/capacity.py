@@ -172,3 +172,26 @@ def capacity_table_section(study: optuna.Study, price: float | None = None) -> s
     table = (f"<table><tr><th>trial</th><th>engine</th><th>status</th>{head}<th>params</th></tr>"
              f"{''.join(rows)}</table>") if rows else "<p>no trials</p>"  # fmt: skip
     return f'<section id="capacity-table"><h2>Capacity per tier</h2>{table}</section>'
+
+
+def predicted(trial: Trial, tier: str) -> dict[str, Any]:
+    """What ``--sampler model`` predicted for the trial under ``tier`` before it booted (empty: nothing)."""
+    return _dict(_dict(_dict(trial_attrs(trial).get("predicted")).get("tiers")).get(tier))
+
+
+def has_predictions(study: optuna.Study) -> bool:
+    return any(trial_attrs(t).get("predicted") for t in study.get_trials(deepcopy=False))
+
+
+def predicted_cell(trial: Trial, tier: str) -> str:
+    """The predicted capacity in req/s, with the range what was never measured allows (``low..high``);
+    ``?`` where the model could not predict (an engine never served), ``-`` where it was not asked."""
+    said = predicted(trial, tier)
+    if not said:
+        return "-"
+    central, low, high = (_float(said.get(k)) for k in ("capacity_req_s", "low_req_s", "high_req_s"))
+    if central is None:
+        return "?"
+    if low is not None and high is not None and high > low:
+        return f"{number(low)}..{number(high)}"
+    return number(central)

@@ -22,8 +22,12 @@ from tuner.naming import safe_name
 from tuner.report.capacity import (
     capacity_section,
     capacity_table_section,
+    has_predictions,
     is_capacity_study,
     objective_capacity,
+    predicted,
+    predicted_cell,
+    tier_capacity,
     tiers,
 )
 from tuner.report.describe import engine_line, engines_text, launch_command, number, params_list, params_text
@@ -192,6 +196,26 @@ def acceptance_section(study: optuna.Study) -> str:
     return f'<section id="acceptance"><h2>Speculative acceptance by draft model and K</h2>{body}</section>'
 
 
+def prediction_section(study: optuna.Study) -> str:
+    """``--sampler model``: each trial's capacity as predicted before it booted, against the measured one."""
+    if not has_predictions(study):
+        return ""
+    tier = tiers(study)[0].name
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        said, found = predicted(t, tier), tier_capacity(t, tier)
+        if not said:
+            continue
+        central = said.get("capacity_req_s")
+        error = f"{central / found - 1:+.0%}" if isinstance(central, int | float) and found else "-"
+        rows.append(f"<tr><td>{t.number}</td><td>{html.escape(predicted_cell(t, tier))}</td>"
+                    f"<td>{'-' if found is None else number(found)}</td><td>{error}</td>"
+                    f"<td>{html.escape(str(said.get('basis') or ''))}</td></tr>")  # fmt: skip
+    head = "<tr><th>trial</th><th>predicted req/s</th><th>measured req/s</th><th>error</th><th>basis</th></tr>"
+    return (f'<section id="predicted"><h2>Predicted against measured capacity ({html.escape(tier)} tier)</h2>'
+            f"<table>{head}{''.join(rows)}</table></section>")  # fmt: skip
+
+
 def launch_section(study: optuna.Study) -> str:
     said, trials = launch_choice(study)
     commands = "".join(
@@ -216,7 +240,8 @@ def write_report(study: optuna.Study, out_root: Path, gpu_price: float | None = 
     capacity = is_capacity_study(study)
     price = study_price(study, gpu_price)
     if capacity:
-        first = [capacity_section(study), capacity_table_section(study, price), engines_section(study, price)]
+        first = [capacity_section(study), capacity_table_section(study, price), prediction_section(study),
+                 engines_section(study, price)]  # fmt: skip
     else:
         first = [pareto_section(study), cdf_section(study)]
     sections = [*first, importance_section(found, capacity), best_vs_default_section(study, price),

@@ -1,7 +1,8 @@
 """The trials table printed by ``tuner trials`` and at the end of ``tuner search``.
 
 In a capacity study the table shows each trial's capacity per SLO tier (req/s) instead of its TTFT and
-throughput, and each tier's SLO under it.
+throughput, and each tier's SLO under it; under ``--sampler model`` also what the model predicted for
+the objective tier before the trial booted.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from tuner.report.capacity import capacity_cell, is_capacity_study, slo_text, tiers
+from tuner.report.capacity import capacity_cell, has_predictions, is_capacity_study, predicted_cell, slo_text, tiers
 from tuner.report.describe import engine_of, params_text
 from tuner.study.attrs import SCREENED, is_default, study_attrs_of
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
@@ -53,7 +54,8 @@ def header(study: optuna.Study, price: float | None = None) -> tuple[str, ...]:
         return COLUMNS
     capacities = tuple(f"{t.name} req/s" for t in tiers(study))
     cost = ("tok/s/GPU", "$/M tok") if price is not None else ("tok/s/GPU",)
-    return ("#", "state", "failure", *capacities, *cost, "repeats: req/s mean [95% CI]", "params")
+    said = tuple(f"predicted {t.name}" for t in tiers(study)[:1]) if has_predictions(study) else ()
+    return ("#", "state", "failure", *capacities, *said, *cost, "repeats: req/s mean [95% CI]", "params")
 
 
 def _cost_cells(attrs: dict[str, Any], tier: str, price: float | None) -> tuple[str, ...]:
@@ -74,12 +76,17 @@ def trial_rows(study: optuna.Study, price: float | None = None) -> list[tuple[st
     finalists = {f.get("trial"): f for f in study_attrs_of(study).get("finalists", []) if isinstance(f, dict)}
     capacity = is_capacity_study(study)
     names = [t.name for t in tiers(study)] if capacity else []
+    said = names[:1] if capacity and has_predictions(study) else []  # the objective tier's, before the boot
     metric = "capacity_req_s" if capacity else "output_throughput_tok_s"
     rows: list[tuple[str, ...]] = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
         if capacity:
-            measured = (*(capacity_cell(t, n) for n in names), *_cost_cells(attrs, names[0], price))
+            measured = (
+                *(capacity_cell(t, n) for n in names),
+                *(predicted_cell(t, n) for n in said),
+                *_cost_cells(attrs, names[0], price),
+            )
         else:
             throughput = None if attrs.get("pruned") else attrs.get("output_throughput_tok_s")
             measured = (_number(attrs.get("ttft_p95_ms"), ".0f"), _number(throughput, ".1f"))

@@ -146,7 +146,9 @@ class SearchObjective:
     ) -> Prepared:
         """Tell the twin's outcome again, without a boot: the sampler learns the same as from the twin.
         Its times are the twin's alone, so a sum over the study counts that boot once."""
-        copied = {k: v for k, v in twin.user_attrs.items() if k not in ("config_kind", "worker", "boot_s", "phases_s")}
+        # what is the twin's own: its kind, worker, times, and the prediction made before it booted
+        own = ("config_kind", "worker", "boot_s", "phases_s", "predicted")
+        copied = {k: v for k, v in twin.user_attrs.items() if k not in own}
         if isinstance(copied.get("capacity"), dict):  # the curve is the twin's; the seconds it took were spent once
             copied["capacity"] = {**copied["capacity"], "search_s": None}
         write_trial_attrs(trial, cast(TrialAttrs, copied))

@@ -16,6 +16,7 @@ from tuner.engines import ADAPTERS, models
 from tuner.engines.base import Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError, EnvironmentSetupError
+from tuner.search.model.ranking import rank
 from tuner.search.space import Space, load_space, suggest
 
 PLANNED_GPU = Device("cuda", "NVIDIA GPU (planned)", 0)
@@ -42,7 +43,10 @@ def plan(
     model: str | None = None,
     drafts: list[str] | None = None,
     engine_envs: dict[str, str] | None = None,
+    study: optuna.Study | None = None,
 ) -> list[dict[str, Any]]:
+    """``n`` sampled configs' launches; with a capacity ``study`` that has served trials, each with
+    the capacity its model predicts (``tuner.search.model.ranking``), highest first."""
     if n < 1:
         raise ConfigError(f"--n must be at least 1, got {n}")
     space = load_space(space_path)
@@ -53,10 +57,10 @@ def plan(
     spec = _model(space, model, drafts or [])
     targets = {name: _target(name, space, engine_envs or {}) for name in names}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    sampling = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     rows = []
     for _ in range(n):
-        trial = study.ask()
+        trial = sampling.ask()
         config = suggest(trial, space, names, list(spec.drafts), is_default=False)
         adapter, env = targets[config.engine]
         version = env.version if env else adapter.supported_versions[-1]
@@ -74,8 +78,10 @@ def plan(
                 "env": launch.run_env,
             }
         )
-        study.tell(trial, 0.0)
-    return rows
+        sampling.tell(trial, 0.0)
+    if study is None:
+        return rows
+    return rank(rows, study, {name: adapter for name, (adapter, _) in targets.items()})
 
 
 def _target(name: str, space: Space, engine_envs: dict[str, str]) -> tuple[EngineAdapter, EngineEnv | None]:

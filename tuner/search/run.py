@@ -27,6 +27,7 @@ from tuner.progress import Progress
 from tuner.report.trials_table import trials_table
 from tuner.search.finalists import run_finalists
 from tuner.search.grid import grid_points, shuffled
+from tuner.search.model.sampler import ModelSampler, context_of
 from tuner.search.objective import SearchObjective
 from tuner.search.options import Plan, SearchOptions, plan_of
 from tuner.search.resolve import (
@@ -118,6 +119,8 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
     model = resolve_models(opts, space, first_env)
     workload = resolve_workload(opts, model, given)
     capacity = capacity_plan(opts, workload, device)
+    if opts.sampler == "model" and capacity is None:
+        raise ConfigError("--sampler model predicts capacity: use --objective capacity or capacity-pareto")
     if capacity is not None:
         slo = dict(capacity.tiers[capacity.scored[0]])  # what the stress check and goodput judge against
     else:
@@ -142,6 +145,8 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         ctx = TrialContext(
             engines, model, device, workload, log_dir, progress, opts.boot_deadline_s, slo, None, capacity
         )
+        if isinstance(study.sampler, ModelSampler):
+            study.sampler.bind(context_of(space, ctx))
         progress.line(
             f"study {name!r}: {plan.trials} booted trials in all, then {plan.finalists} finalists x {plan.repeats} "
             f"repeats, on {device.name}; workload {workload.name} ({_described(workload, capacity)})"

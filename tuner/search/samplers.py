@@ -17,6 +17,9 @@ GP and NSGA-II see the study's sampled trials only (``SampledOnly``: see why the
 * ``random``: uniform sampling, the baseline a search must beat.
 * ``grid``: every distinct config of a discrete space (``tuner.search.grid``), in a seeded order; the study
   enqueues them and a random sampler fills any trial left over.
+* ``model``: the performance model (``tuner.search.model``) fitted on the study's own trials predicts
+  every candidate's capacity, and the one with the highest expected improvement boots; capacity
+  objectives only, and bound to the study's context by ``tuner.search.run``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from typing import Any
 import optuna
 
 from tuner.errors import ConfigError
+from tuner.search.model.sampler import ModelSampler
 from tuner.study.attrs import DEFAULT_KIND, STRESS_CHECK_KIND
 
-SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid")
+SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid", "model")
 TPE_STARTUP = 10
 NSGA2_POPULATION = 8
 
@@ -108,4 +112,6 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
         return SampledOnly(optuna.samplers.NSGAIISampler(seed=seed, population_size=NSGA2_POPULATION))
     if name in ("random", "grid"):
         return optuna.samplers.RandomSampler(seed=seed)
+    if name == "model":
+        return ModelSampler(seed=seed)
     raise ConfigError(f"--sampler {name!r}: expected one of {', '.join(SAMPLERS)}")

@@ -71,6 +71,7 @@ class TrialAttrs(TypedDict, total=False):
     capacity_relaxed_req_s: float
     output_tok_s_per_gpu: float | None  # at the objective tier's capacity (tuner.study.cost)
     slo: dict[str, Any]  # the scored tier, its bounds and the attainment target
+    predicted: dict[str, Any]  # --sampler model: each scored tier's capacity predicted before the boot
 
 
 class StudyAttrs(TypedDict, total=False):

@@ -102,12 +102,25 @@ def _prompt_ids(request: Request, tokenizer: Tokenizer) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def _blocks(ids: list[int], seen: set[bytes]) -> int:
-    """Add the prompt's chained block hashes to ``seen``; return how many were there already."""
-    chain, hits, matching = hashlib.sha256(), 0, True
+def block_keys(ids: list[int]) -> list[bytes]:
+    """The prompt's full blocks as chained hashes: two prompts share a block's key exactly when they
+    share every token up to its end, which is what a prefix cache can reuse."""
+    chain, keys = hashlib.sha256(), []
     for start in range(0, len(ids) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
         chain.update(np.asarray(ids[start : start + BLOCK_TOKENS], dtype=np.int64).tobytes())
-        key = chain.digest()
+        keys.append(chain.digest())
+    return keys
+
+
+def prompt_blocks(request: Request, tokenizer: Tokenizer) -> list[bytes]:
+    """``block_keys`` of a request's prompt (a follow-up's own part only)."""
+    return block_keys(_prompt_ids(request, tokenizer))
+
+
+def _blocks(ids: list[int], seen: set[bytes]) -> int:
+    """Add the prompt's chained block hashes to ``seen``; return how many were there already."""
+    hits, matching = 0, True
+    for key in block_keys(ids):
         matching = matching and key in seen
         hits += matching
         seen.add(key)

@@ -56,3 +56,26 @@ def test_the_effort_line_tells_a_capacity_prune_from_a_mid_workload_one() -> Non
     assert "4 booted an engine" in effort and "3 pruned: " in effort, effort
     assert "1 mid-workload (about 30 s of workload not driven)" in effort, effort
     assert "2 failing the SLO below the incumbent's capacity" in effort, effort
+
+
+def test_a_model_study_shows_each_prediction_beside_the_measured_capacity(capacity_study: optuna.Study) -> None:
+    from tests.unit.report.conftest import add, capacity_attrs, launch
+    from tuner.report.html import prediction_section
+
+    def said(central: float | None, low: float | None, high: float | None) -> dict[str, object]:
+        tier = {"tier": "interactive", "capacity_req_s": central, "low_req_s": low, "high_req_s": high, "basis": "b"}
+        return {"predicted": {"tiers": {"interactive": tier}}}
+
+    add(capacity_study, {"engine": "vllm", "vllm.max_num_seqs": 8},
+        {"launch": launch("vllm.entrypoints.openai.api_server", 41009), **capacity_attrs(2.0, 3.0),
+         **said(2.5, 2.5, 2.5)}, 2.0)  # fmt: skip
+    add(capacity_study, {"engine": "vllm", "vllm.max_num_seqs": 16},
+        {"launch": launch("vllm.entrypoints.openai.api_server", 41010), **capacity_attrs(1.0, 3.0),
+         **said(1.4, 0.8, 2.4)}, 1.0)  # fmt: skip
+    table = trials_table(capacity_study)
+    assert "predicted interactive" in table.splitlines()[0]
+    last = len(capacity_study.trials) - 1
+    assert _row(table, last)[5] == "0.8..2.4" and _row(table, last - 1)[5] == "2.5"
+    assert _row(table, 0)[5] == "-"  # the engine default was not predicted in this study
+    section = prediction_section(capacity_study)
+    assert "+25%" in section and "0.8..2.4" in section and "+40%" in section

@@ -1,0 +1,276 @@
+"""The performance model (``--sampler model``) against the capacity table: how well it predicts, how fast it finds.
+
+Run: ``.venv/bin/python -m tests.benchmarks.bench_model [--seeds 20]`` (boots nothing; about half an
+hour on 2 cores). Not part of the default test run. Writes the model's sections of
+``reports/search.md`` (``bench_search`` keeps them when it rewrites the rest) and
+``reports/search_model.json``.
+
+* Prediction: leave one config out. For each served config of the table, the model is fitted on every
+  other served config's recorded steps and predicts this one's capacity under each tier; the truth is
+  the config's own ladder (``bench_search.capacity_truth``). Reported: the share of configs predicted
+  within 20 % (the issue's goal: 80 %), the median error, and the rank correlation (Spearman).
+* Search: studies replayed against the table as ``bench_search`` replays them (the tuner's own
+  objective, memory screen, capacity search and pruning), with ``--sampler model`` among TPE, random
+  and grid, the engine default left in and left out: trials and boots until the best feasible
+  capacity is within 10 % of the grid's best.
+
+The table was served before the model existed, by the rag preset of its commit; its rows keep each
+request's tokens but not its prompt, so the prompts' block structure comes from
+``capacity_grid_prefixes.json`` (``tests/benchmarks/capacity_grid_prefixes.py`` rebuilt it from that
+commit's own code, checked against the table's workload digest). Each step sent the workload from its
+first request on, so a row's position in its step names its request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import optuna
+
+from tests.benchmarks import _report, _table, bench_search
+from tuner.engines.base import Device
+from tuner.engines.vllm import VllmAdapter
+from tuner.measure.rate_steps import CapacityPlan, Measured
+from tuner.search.memory import parse_facts
+from tuner.search.model.history import Served, Shape
+from tuner.search.model.predict import EngineModel
+from tuner.search.model.sampler import ModelContext, ModelSampler
+from tuner.search.space import load_space
+
+PREFIXES = _table.CAPACITY_TABLE.parent / "capacity_grid_prefixes.json"
+WITHIN = 0.20  # the issue's goal: predicted within 20 % of the measured ladder
+GOAL_SHARE = 0.80
+TIERS = ("interactive", "relaxed")
+SEARCH_SAMPLERS = ("model", "tpe (tuner default)", "random", "grid")
+MD_PATH = _report.REPORTS / "search.md"
+JSON_PATH = _report.REPORTS / "search_model.json"
+
+
+def with_ids(table: dict[str, Any], n_requests: int) -> dict[str, Any]:
+    """The table with each row named by its request (its position in the step, the workload cycled)."""
+    points = {}
+    for k, p in table["points"].items():
+        rungs = {}
+        for r, m in p["rungs"].items():
+            rows = sorted(m.rows, key=lambda row: float(row["sent_s"]))
+            rungs[r] = replace(m, rows=[{**row, "request_id": str(i % n_requests)} for i, row in enumerate(rows)])
+        points[k] = {**p, "rungs": rungs}
+    return {**table, "points": points}
+
+
+def shapes_and_blocks() -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
+    requests = json.loads(PREFIXES.read_text())["requests"]
+    shapes = [Shape(r["prompt_tokens"], r["max_tokens"], tuple(r["blocks"])) for r in requests]
+    return shapes, {str(i): tuple(r["blocks"]) for i, r in enumerate(requests)}
+
+
+def device_of(table: dict[str, Any]) -> Device:
+    d = table["device"]
+    return Device(d["kind"], d["name"], d["memory_bytes"])
+
+
+def served_of(table: dict[str, Any], blocks: dict[str, tuple[int, ...]]) -> dict[str, Served]:
+    out = {}
+    for k, p in table["points"].items():
+        if p["failure"]:
+            continue
+        kv = parse_facts("\n".join(p["memory_lines"])).get("kv_tokens")
+        steps = tuple(_blocked(m, blocks) for m in p["rungs"].values())
+        out[k] = Served("vllm", p["params"], None if kv is None else int(kv), steps)
+    return out
+
+
+def _blocked(m: Measured, blocks: dict[str, tuple[int, ...]]) -> Measured:
+    return replace(m, rows=[{**r, "blocks": blocks.get(str(r["request_id"]))} for r in m.rows])
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v: list[float]) -> np.ndarray:
+        a = np.asarray(v, dtype=float)
+        order = a.argsort()
+        r = np.empty(len(a))
+        r[order] = np.arange(len(a))
+        for value in set(v):  # ties share their mean rank
+            r[a == value] = r[a == value].mean()
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    return float(np.corrcoef(rx, ry)[0, 1]) if len(xs) > 2 and rx.std() and ry.std() else math.nan
+
+
+def leave_one_out(served: dict[str, Served], truth: dict[str, dict[str, float]], plan: CapacityPlan,
+                  device: Device, shapes: list[Shape]) -> dict[str, Any]:  # fmt: skip
+    adapters = {"vllm": VllmAdapter()}
+    began = time.time()
+    full = EngineModel.fit(list(served.values()), adapters, device, plan, shapes)
+    fit_s = time.time() - began
+    rows: list[dict[str, Any]] = []
+    for k, s in served.items():
+        began = time.time()
+        model = EngineModel.fit([o for kk, o in served.items() if kk != k], adapters, device, plan, shapes, full.fits)
+        predicted = model.predict("vllm", s.params, s.kv_tokens)
+        rows.append({"config": k, "seconds": round(time.time() - began, 1),
+                     **{f"{t}_predicted": predicted[t].capacity_req_s for t in TIERS},
+                     **{f"{t}_measured": truth[k][t] for t in TIERS}})  # fmt: skip
+        print(f"loo {k}: " + ", ".join(f"{t} {rows[-1][f'{t}_predicted']:.2f} vs {truth[k][t]:.2f}" for t in TIERS),
+              flush=True)  # fmt: skip
+    summary = {}
+    for t in TIERS:
+        pairs = [(float(r[f"{t}_predicted"] or 0.0), float(r[f"{t}_measured"])) for r in rows]
+        errors = [p / m - 1 for p, m in pairs if m > 0]
+        summary[t] = {
+            "within": sum(1 for e in errors if abs(e) <= WITHIN), "configs": len(pairs),
+            "median_abs_error": statistics.median(abs(e) for e in errors) if errors else math.nan,
+            "median_error": statistics.median(errors) if errors else math.nan,
+            "spearman": spearman([p for p, _ in pairs], [m for _, m in pairs]),
+        }  # fmt: skip
+    return {"rows": rows, "summary": summary, "fit": full.fits["vllm"].as_dict(), "fit_s": round(fit_s, 1),
+            "hit_rate": full.hit, "acceptance": full.acceptance.get("vllm", {})}  # fmt: skip
+
+
+def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, shapes: list[Shape],
+           blocks: dict[str, tuple[int, ...]]) -> dict[str, Any]:  # fmt: skip
+    truth = bench_search.capacity_truth(table, plan)
+    space = load_space(bench_search.CAPACITY_SPACE)
+    context = ModelContext(space, {"vllm": VllmAdapter()}, list(table["model"]["drafts"]), _table.models(table),
+                           device_of(table), plan, shapes, blocks)  # fmt: skip
+
+    def bound(seed: int) -> optuna.samplers.BaseSampler:
+        sampler = ModelSampler(seed)
+        sampler.bind(context)
+        return sampler
+
+    bench_search.SAMPLERS["model"] = bound
+    out: dict[str, Any] = {"truth": truth, "with_default": {}, "without_default": {}}
+    for with_default, label in ((False, "without_default"), (True, "with_default")):
+        for name in SEARCH_SAMPLERS:
+            began = time.time()
+            runs = [bench_search.run_capacity_once(name, seed, table, truth, plan, with_default=with_default)
+                    for seed in range(seeds)]  # fmt: skip
+            out[label][name] = bench_search.summarize_capacity(runs, truth["size"]) | {"runs": runs}
+            done = out[label][name]
+            print(f"search {label} {name}: median {done['median_trials']} trials, {done['median_boots']} boots "
+                  f"({time.time() - began:.0f} s)", flush=True)  # fmt: skip
+    return out
+
+
+def _pct(value: float | None, sign: str = "+") -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:{sign}.0f} %"
+
+
+def render(data: dict[str, Any]) -> str:
+    loo, s = data["prediction"], data["search"]
+    fit = loo["fit"]
+    lines = [
+        "## The performance model: prediction (`tests/benchmarks/bench_model.py`)", "",
+        "Leave one config out over the capacity table's served configs: the model is fitted on every other "
+        "config's recorded steps (the table's rungs) and predicts this one's capacity before it would boot; "
+        "the truth is the config's own ladder. Goal: within 20 % for at least 80 % of the served configs.", "",
+        _report.table(["tier", "within 20 %", "median error", "median abs error", "rank correlation (Spearman)"],
+                      [[t, f"{v['within']}/{v['configs']}", _pct(v["median_error"]), _pct(v["median_abs_error"], ""),
+                        f"{v['spearman']:.2f}"] for t, v in loo["summary"].items()]), "",
+    ]  # fmt: skip
+    for t, v in loo["summary"].items():
+        met = "met" if v["within"] >= GOAL_SHARE * v["configs"] else "not met"
+        lines.append(f"- {t}: {v['within']} of {v['configs']} within 20 %: goal {met}.")
+    lines += [
+        "", "Per config (req/s, predicted / measured):", "",
+        _report.table(["config", *[f"{t} predicted / measured" for t in TIERS]],
+                      [[r["config"], *[f"{(r[f'{t}_predicted'] or 0):.2f} / {r[f'{t}_measured']:.2f}" for t in TIERS]]
+                       for r in loo["rows"]]), "",
+        "The fit on all served configs (seconds per unit; attention per million token pairs): "
+        + ", ".join(f"{k} {v:.3g}" for k, v in fit["target"].items())
+        + "; drafting " + "; ".join(f"{d}: " + ", ".join(f"{k} {v:.3g}" for k, v in c.items())
+                                     for d, c in fit["drafts"].items())
+        + f"; per request {fit['overhead_s']:.3g}; relative RMS error of the fitted token times "
+        f"{100 * fit['residual']:.0f} % over {fit['requests']} requests of {fit['steps']} steps "
+        f"({loo['fit_s']:.0f} s). Prefix-cache hit rate (median of the steps' counters) {loo['hit_rate']:.2f}; "
+        "per-position acceptance " + ", ".join(f"{d} {a:.2f}" for d, a in loo["acceptance"].items()) + ".", "",
+    ]  # fmt: skip
+    lines += _search_lines(s) if s else []
+    lines += _wrong_lines(data)
+    return "\n".join(lines) + "\n"
+
+
+def _search_lines(s: dict[str, Any]) -> list[str]:
+    header = ["sampler", "median trials", "quartiles", "median boots", "machine s (quartiles)", "reached",
+              "failing booted", "screened", "pruned"]  # fmt: skip
+
+    def rows(results: dict[str, Any]) -> list[list[Any]]:
+        return [[name, f"{r['median_trials']:g}", f"{r['q1']:g}-{r['q3']:g}", f"{r['median_boots']:g}",
+                 f"{r['median_machine_s']:.0f} ({r['machine_q1']:.0f}-{r['machine_q3']:.0f})",
+                 f"{r['reached']}/{r['seeds']}", f"{r['failing_booted']:g}", f"{r['screened']:g}", f"{r['pruned']:g}"]
+                for name, r in results.items()]  # fmt: skip
+
+    out, rnd = s["without_default"]["model"], s["without_default"]["random"]
+    met = out["median_trials"] <= 3 and out["median_boots"] <= rnd["median_boots"] / 2
+    truth = s["truth"]
+    return [
+        "## The performance model: search", "",
+        f"Studies replayed against the capacity table as `bench_search` replays them, {out['seeds']} seeds each, "
+        f"until the best feasible interactive capacity is within 10 % of the grid's best ({truth['best_capacity']:.3g} "
+        "req/s by the ladders). Trials count everything recorded (screened included), boots the trials that "
+        "started an engine. Goal, default left out: a median of at most 3 trials, and at most half of random "
+        "search's boots.", "",
+        "Default left out:", "", _report.table(header, rows(s["without_default"])), "",
+        "Default left in (trial 0, as `tuner search` runs it):", "", _report.table(header, rows(s["with_default"])), "",
+        f"- default left out: `--sampler model` needed a median {out['median_trials']:g} trials and "
+        f"{out['median_boots']:g} boots, random search {rnd['median_trials']:g} and {rnd['median_boots']:g}: "
+        f"goal {'met' if met else 'not met'}.", "",
+    ]  # fmt: skip
+
+
+def _wrong_lines(data: dict[str, Any]) -> list[str]:
+    rows = data["prediction"]["rows"]
+    worst = sorted(rows, key=lambda r: -abs(math.log(max(r["interactive_predicted"] or 1e-9, 1e-9)
+                                                     / max(r["interactive_measured"], 1e-9))))[:3]  # fmt: skip
+    return [
+        "## Where the model is wrong, and why", "",
+        "- The interactive tier is decided at the TTFT bound by the requests that find no prefix in the cache: a "
+        "cold prompt of the table's workload takes most of that bound on an idle server, so one such request "
+        "arriving behind another decides a step. With about ten requests a rung, the ladder moves by a whole "
+        "rung on one request, which no model of the mean reproduces; the relaxed tier, far from that edge, is "
+        "the fairer test of the fit.",
+        "- Each config was served once, so the truth carries the between-boot noise "
+        "(`reports/measurement.md`, section noise) and the load of the shared machine at the time "
+        "(the table's stamp gives the load average before each config).",
+        "- The fit explains the token times only to the relative error above: the CPU build's iteration "
+        "costs are not linear in what an iteration holds (two cores, shared with the client and other work).",
+        "- Prefix hits are simulated from the prompts' blocks with an unbounded cache: evictions in the small KV "
+        "pools (memory fraction 0.35) are not.",
+        "- Largest interactive errors: " + "; ".join(
+            f"`{r['config']}` {(r['interactive_predicted'] or 0):.2f} predicted, "
+            f"{r['interactive_measured']:.2f} measured" for r in worst) + ".", "",
+    ]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--skip-search", action="store_true", help="the prediction section alone")
+    args = parser.parse_args()
+    started = _report.stamp()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    shapes, blocks = shapes_and_blocks()
+    table = with_ids(_table.load_capacity(), len(shapes))
+    plan = _table.plan_of(table, TIERS)
+    truth = {k: {t: _table.ladder_capacity(p["rungs"], plan, t) for t in TIERS}
+             for k, p in table["points"].items() if not p["failure"]}  # fmt: skip
+    prediction = leave_one_out(served_of(table, blocks), truth, plan, device_of(table), shapes)
+    searched = {} if args.skip_search else search(table, _table.plan_of(table, ("interactive",)), args.seeds,
+                                                  shapes, blocks)  # fmt: skip
+    data = {"stamp": started, "seeds": args.seeds, "prediction": prediction, "search": searched}
+    text = render(data)
+    _report.write_section("model", text, data, MD_PATH, JSON_PATH)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The performance model (``tuner.search.model``) on synthetic engines whose true costs are known.
+
+The simulator is checked against schedules worked out by hand (budget, sequence limit, KV pool,
+prefix cache, speculation); the fit must recover the costs that generated its data; the prediction
+must land near the capacity those true costs give; and what the study never measured (a draft never
+booted, an engine never booted) must come out as a range or as unknown, never as a point.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from tuner.engines.base import Device
+from tuner.engines.vllm import VllmAdapter
+from tuner.measure.rate_steps import CapacityPlan, Measured
+from tuner.search.model.fit import Fit, ObservedStep, fit_costs, nnls
+from tuner.search.model.history import Served, Shape, computed_prompts
+from tuner.search.model.predict import EngineModel, Prediction, bisect_capacity, expected_improvement, model_sigma
+from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of, simulate
+
+UNIT = np.array([1.0, 0.0, 0.0, 0.0])  # one second per iteration, nothing else: schedules read as counts
+TRUE = np.array([0.012, 3e-4, 2e-3, 0.05])  # iteration, token, sequence, attention (s)
+TRUE_DRAFT = (0.004, 5e-5)
+OVERHEAD = 0.03
+CPU = Device("cpu", "cpu", 2**30)
+PLAN = CapacityPlan(
+    tiers={"interactive": {"ttft_p95_ms": 800.0, "tpot_p95_ms": 40.0}, "relaxed": {"ttft_p95_ms": 3000.0}},
+    scored=("interactive", "relaxed"), start_rate=0.5, min_step_s=6.0, min_requests=24, step_limit=1,
+    confidence=0.5,
+)  # fmt: skip
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks() -> None:
+    line = simulate([Work(0.0, 1000, 5)], Limits(256, None, None), UNIT)[0]
+    assert line.first_s == 4.0  # ceil(1000 / 256) iterations, the last one samples the first token
+    assert line.done_s == 8.0  # then one iteration per further token
+
+
+def test_the_sequence_limit_serialises_requests() -> None:
+    lines = simulate([Work(0.0, 10, 3), Work(0.0, 10, 3)], Limits(None, 1, None), UNIT)
+    assert (lines[0].first_s, lines[0].done_s) == (1.0, 3.0)
+    assert (lines[1].first_s, lines[1].done_s) == (4.0, 6.0)  # admitted only once the first left
+    together = simulate([Work(0.0, 10, 3), Work(0.0, 10, 3)], Limits(None, 2, None), UNIT)
+    assert together[1].done_s == 3.0
+
+
+def test_a_full_kv_pool_keeps_the_next_request_waiting() -> None:
+    lines = simulate([Work(0.0, 96, 4), Work(0.0, 96, 4)], Limits(None, 8, 112), UNIT)
+    assert lines[0].done_s == 4.0
+    assert lines[1].first_s is not None and lines[1].first_s > lines[0].done_s
+
+
+def test_the_prefix_cache_spares_what_an_earlier_request_computed() -> None:
+    token = np.array([0.0, 1e-3, 0.0, 0.0])
+    shared = (1, 2, 3)  # three blocks of 16 tokens in common
+    lines = simulate([Work(0.0, 64, 1, (*shared, 4)), Work(10.0, 64, 1, (*shared, 5))], Limits(None, 8, None), token)
+    assert lines[0].first_s == pytest.approx(0.064)
+    assert lines[1].first_s == pytest.approx(10.0 + 0.016)  # only its own last block
+    cold = simulate([Work(0.0, 64, 1, (*shared, 4)), Work(0.0, 64, 1, (*shared, 5))], Limits(None, 8, None), token)
+    assert cold[1].first_s == pytest.approx(0.128)  # arriving together, nothing was cached yet
+
+
+def test_speculation_emits_the_accepted_run_and_the_bonus_token() -> None:
+    spec = Speculation("d", 3, 1.0)
+    line = simulate([Work(0.0, 10, 9)], Limits(None, None, None), np.concatenate([UNIT, [0.0, 0.0]]), spec)[0]
+    assert line.done_s == 3.0  # the first token at prefill, then 4 a step
+    assert Speculation("d", 2, 0.5).emitted(2) == pytest.approx(1.75)
+    assert acceptance_of((0.5 + 0.25) / 2, 2) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_nnls_keeps_every_cost_non_negative() -> None:
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    assert nnls(a, np.array([3.0, 2.0, 1.0])) == pytest.approx([2.0, 0.0], abs=1e-9)
+
+
+def _steps(limits: Limits, spec: Speculation | None, seed: int) -> list[ObservedStep]:
+    """Steps of a synthetic engine running ``TRUE``: every token time exactly what its costs give."""
+    rng, out = random.Random(seed), []
+    theta = TRUE if spec is None else np.concatenate([TRUE, TRUE_DRAFT])
+    for rate in (0.5, 1.0, 2.0):
+        t, works = 0.0, []
+        for _ in range(30):
+            t += rng.expovariate(rate)
+            works.append(Work(t, rng.randint(300, 1000), rng.randint(20, 60)))
+        lines = simulate(works, limits, theta, spec)
+        out.append(ObservedStep(limits, spec, tuple(works), tuple(x.first_s + OVERHEAD for x in lines),  # type: ignore[operator]
+                                tuple(x.done_s + OVERHEAD for x in lines)))  # type: ignore[operator]  # fmt: skip
+    return out
+
+
+def test_the_fit_recovers_the_costs_of_a_synthetic_engine() -> None:
+    steps = (_steps(Limits(512, 4, 4000), None, 1) + _steps(Limits(2048, 2, 8000), None, 2)
+             + _steps(Limits(512, 8, 8000), Speculation("d1", 3, 0.6), 3))  # fmt: skip
+    fit = fit_costs(steps)
+    assert fit is not None
+    iteration, token, sequence, _ = fit.target
+    assert iteration == pytest.approx(TRUE[0], rel=0.05)
+    assert token == pytest.approx(TRUE[1], rel=0.05)
+    assert sequence == pytest.approx(TRUE[2], rel=0.10)
+    assert fit.drafts["d1"] == pytest.approx(TRUE_DRAFT, rel=0.10)
+    assert fit.overhead_s == pytest.approx(OVERHEAD, rel=0.10)
+    assert fit.residual < 0.03  # the token times it gives are within a few per cent of the true ones
+
+
+SHAPES = [Shape(random.Random(i).randint(200, 600), 32) for i in range(24)]
+
+
+def _truth(costs: tuple[float, ...] = tuple(TRUE), drafts: dict[str, tuple[float, float]] | None = None,
+           acceptance: dict[str, float] | None = None) -> EngineModel:  # fmt: skip
+    """A model that knows the synthetic engine's true costs: its predictions are the engine's capacities."""
+    fit = Fit(costs, drafts or {}, OVERHEAD)
+    return EngineModel({"vllm": VllmAdapter()}, CPU, PLAN, SHAPES, {"vllm": fit}, {"vllm": acceptance or {}}, 0.0, 1)
+
+
+def _served(truth: EngineModel, params: dict[str, object]) -> Served:
+    """The steps a trial of ``params`` would serve on the synthetic engine, at a few rates."""
+    adapter = VllmAdapter()
+    scheduler = adapter.scheduler_limits(params, CPU)
+    limits = Limits(scheduler.token_budget, scheduler.max_seqs, None)
+    k = int(params.get("num_speculative_tokens") or 0)  # type: ignore[call-overload]
+    spec = (
+        Speculation(str(params["draft_model"]), k, truth.acceptance["vllm"][str(params["draft_model"])]) if k else None
+    )
+    theta = truth.fits["vllm"].theta(spec)
+    assert theta is not None
+    steps = []
+    for rate in (0.5, 1.0, 2.0, 4.0):
+        rows = truth.step_rows(rate, limits, theta, spec, OVERHEAD)
+        server = {"spec_acceptance_rate": (sum(spec.accept**i for i in range(1, k + 1)) / k)} if spec else {}
+        steps.append(Measured(rate, rows, [], max(r["done_s"] for r in rows), server))
+    return Served("vllm", params, None, tuple(steps))
+
+
+def test_a_config_never_booted_is_predicted_near_its_true_capacity() -> None:
+    truth = _truth()
+    served = [_served(truth, {"max_num_seqs": 8, "chunk_size": 512}), _served(truth, {"max_num_seqs": 1})]
+    model = EngineModel.fit(served, {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)
+    unseen = {"max_num_seqs": 4, "chunk_size": 1024}
+    predicted, real = model.predict("vllm", unseen, None), truth.predict("vllm", unseen, None)
+    for tier in PLAN.scored:
+        assert real[tier].capacity_req_s and real[tier].capacity_req_s > 0
+        assert predicted[tier].capacity_req_s == pytest.approx(real[tier].capacity_req_s, rel=0.10)
+
+
+def test_a_draft_never_booted_is_a_range_and_a_booted_one_is_learned_for_every_k() -> None:
+    truth = _truth(drafts={"d": TRUE_DRAFT}, acceptance={"d": 0.7})
+    served = [_served(truth, {"max_num_seqs": 4}), _served(truth, {"max_num_seqs": 4, "num_speculative_tokens": 2,
+                                                                   "draft_model": "d"})]  # fmt: skip
+    model = EngineModel.fit(served, {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)
+    assert model.acceptance["vllm"]["d"] == pytest.approx(0.7, abs=0.01)
+    other_k = {"max_num_seqs": 4, "num_speculative_tokens": 4, "draft_model": "d"}
+    known = model.predict("vllm", other_k, None)["relaxed"]
+    assert known.low_req_s == known.high_req_s == known.capacity_req_s
+    assert known.capacity_req_s == pytest.approx(truth.predict("vllm", other_k, None)["relaxed"].capacity_req_s,
+                                                 rel=0.15)  # fmt: skip
+    unknown = model.predict("vllm", {"max_num_seqs": 4, "num_speculative_tokens": 2, "draft_model": "e"}, None)
+    low, high = unknown["relaxed"].low_req_s, unknown["relaxed"].high_req_s
+    assert low is not None and high is not None and low < high and "never booted" in unknown["relaxed"].basis
+    never = model.predict("sglang", {}, None)["relaxed"]
+    assert never.capacity_req_s is None and expected_improvement(never, 1.0, 0.2) == math.inf
+
+
+def test_expected_improvement_prefers_more_and_values_what_is_not_known() -> None:
+    def at(c: float, low: float | None = None, high: float | None = None) -> Prediction:
+        return Prediction("t", c, low or c, high or c, "")
+
+    assert expected_improvement(at(2.0), 1.0, 0.2) > expected_improvement(at(1.5), 1.0, 0.2) > 0
+    assert expected_improvement(at(0.5, 0.25, 1.0), 1.0, 0.2) > expected_improvement(at(0.5), 1.0, 0.2)
+    # a range's ends are bounds: one reaching far above the best is worth a boot, one wholly below is not
+    assert expected_improvement(at(1.0, 0.0, 4.0), 1.0, 0.2) > expected_improvement(at(1.0), 1.0, 0.2)
+    assert expected_improvement(at(0.2, 0.0, 0.4), 1.0, 0.2) < 1e-4
+    assert expected_improvement(at(0.0), 1.0, 0.2) == 0.0
+
+
+def test_bisection_finds_the_knee_and_the_error_record_replaces_the_prior() -> None:
+    assert bisect_capacity(lambda r: r <= 3.3, 0.5, 0.05) == pytest.approx(3.3, rel=0.03)
+    assert bisect_capacity(lambda r: False, 0.5, 0.05) == 0.0
+    assert model_sigma([(1.0, 1.0)]) == 0.25  # too few to say: the prior
+    assert model_sigma([(1.1, 1.0), (0.9, 1.0), (1.0, 1.0)]) == pytest.approx(0.0820, abs=1e-3)
+
+
+def test_a_steps_hits_spare_the_later_requests_and_keep_their_total() -> None:
+    computed = computed_prompts([1000, 1000, 1000], 0.5)
+    assert computed[0] == 1000 and sum(computed) == 1500

@@ -1,0 +1,203 @@
+"""Fit what an iteration costs from measured steps: the costs under which the simulated scheduler
+gives each request the first and last token times it really had.
+
+For a fixed schedule a request's token times are linear in the costs (``tuner.search.model.simulate``):
+start of its busy period + (summed iteration features) . costs + the request's own overhead (HTTP,
+tokenising; one constant). The schedule itself depends on the costs (a request arriving mid-iteration
+waits for its end), so the fit is a fixed point: simulate every measured step under the current
+costs, solve the linear least squares for new costs (non-negative: no work makes an iteration
+faster), and repeat until the costs stop moving. Each equation is weighted by 1 / the request's
+latency, so the fit is on relative error: a short TTFT counts as much as a long end-to-end time.
+
+The target's costs are shared by every step of one engine; a draft model's two costs are fitted
+only from steps that ran it, so a draft never booted has none (``Fit.theta`` says so).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.search.model.simulate import DRAFT_FEATURES, TARGET_FEATURES, Limits, Speculation, Work, simulate
+
+ITERATIONS = 20  # fixed-point rounds at most
+RELAX = 1.5  # over-relaxation of each round's move (see fit_costs)
+TOLERANCE = 1e-3  # relative change of the costs below which the fixed point has settled
+MIN_LATENCY_S = 1e-3  # relative weights never divide by a latency below a millisecond
+
+
+@dataclass(frozen=True)
+class ObservedStep:
+    """One measured step as the fit reads it: the config's scheduler and speculation (with the
+    acceptance its counters showed), each request's work as sent, and the first and last token times
+    measured (s after the step's start; None where the request failed or never finished)."""
+
+    limits: Limits
+    spec: Speculation | None
+    works: tuple[Work, ...]
+    first_s: tuple[float | None, ...]
+    done_s: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One engine's fitted costs: per iteration feature (``TARGET_FEATURES``), per draft model
+    (``DRAFT_FEATURES``), and per request; with the relative RMS error of the latencies it fits."""
+
+    target: tuple[float, ...]
+    drafts: dict[str, tuple[float, float]] = field(default_factory=dict)
+    overhead_s: float = 0.0
+    residual: float = 0.0
+    requests: int = 0
+    steps: int = 0
+    rounds: int = 0
+
+    def theta(self, spec: Speculation | None) -> np.ndarray | None:
+        """The cost vector for a config with ``spec``; None where its draft model was never run."""
+        if spec is None:
+            return np.array(self.target)
+        if spec.draft not in self.drafts:
+            return None
+        return np.array(self.target + self.drafts[spec.draft])
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "target": dict(zip(TARGET_FEATURES, self.target, strict=True)),
+            "drafts": {d: dict(zip(DRAFT_FEATURES, c, strict=True)) for d, c in self.drafts.items()},
+            "overhead_s": self.overhead_s, "residual": self.residual, "requests": self.requests,
+            "steps": self.steps, "rounds": self.rounds,
+        }  # fmt: skip
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares, min |a x - b| with x >= 0 (Lawson and Hanson's active set)."""
+    n = a.shape[1]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale  # columns of very different sizes (iterations, tokens) solve as one
+    passive = np.zeros(n, dtype=bool)
+    x = np.zeros(n)
+    tol = 1e-10 * max(1.0, float(np.abs(a).max()))
+    for _ in range(3 * n):
+        w = a.T @ (b - a @ x)
+        if passive.all() or w[~passive].max(initial=-np.inf) <= tol:
+            break
+        passive[int(np.argmax(np.where(passive, -np.inf, w)))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > tol).all():
+                x = z
+                break
+            bad = passive & (z <= tol)
+            step = float(np.min(x[bad] / (x[bad] - z[bad])))
+            x = x + step * (z - x)
+            passive &= x > tol
+    return np.asarray(x / scale, dtype=float)
+
+
+def _columns(drafts: Sequence[str]) -> int:
+    return len(TARGET_FEATURES) + len(DRAFT_FEATURES) * len(drafts) + 1
+
+
+def _theta_for(costs: np.ndarray, drafts: Sequence[str], spec: Speculation | None) -> np.ndarray:
+    target = costs[: len(TARGET_FEATURES)]
+    if spec is None:
+        return target
+    at = len(TARGET_FEATURES) + len(DRAFT_FEATURES) * drafts.index(spec.draft)
+    return np.concatenate([target, costs[at : at + len(DRAFT_FEATURES)]])
+
+
+def _initial(steps: Sequence[ObservedStep], drafts: Sequence[str]) -> np.ndarray:
+    """A start the fixed point moves from: half of a typical decode gap per iteration, half of a
+    typical TTFT spread over its prompt per token (the rest is the first rounds' to find)."""
+    gaps, per_token = [], []
+    for step in steps:
+        for work, first, done in zip(step.works, step.first_s, step.done_s, strict=True):
+            if first is not None and done is not None and work.output_tokens > 1:
+                gaps.append((done - first) / (work.output_tokens - 1))
+                per_token.append((first - work.arrival_s) / max(work.prompt_tokens, 1))
+    costs = np.zeros(_columns(drafts))
+    costs[0] = 0.5 * statistics.median(gaps) if gaps else 0.01
+    costs[1] = 0.5 * statistics.median(per_token) if per_token else 1e-4
+    return costs
+
+
+def _equations(
+    steps: Sequence[ObservedStep], costs: np.ndarray, drafts: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every measured token time as one linear equation in the costs, under the schedule ``costs`` give."""
+    rows, ys, weights = [], [], []
+    n_target = len(TARGET_FEATURES)
+    for step in steps:
+        timelines = simulate(step.works, step.limits, _theta_for(costs, drafts, step.spec), step.spec)
+        at = None
+        if step.spec is not None:
+            at = n_target + len(DRAFT_FEATURES) * drafts.index(step.spec.draft)
+        for work, line, first, done in zip(step.works, timelines, step.first_s, step.done_s, strict=True):
+            for measured, start, features in ((first, line.first_start_s, line.first_features),
+                                              (done, line.done_start_s, line.done_features)):  # fmt: skip
+                if measured is None or features is None:
+                    continue
+                row = np.zeros(len(costs))
+                row[:n_target] = features[:n_target]
+                if at is not None:
+                    row[at : at + len(DRAFT_FEATURES)] = features[n_target:]
+                row[-1] = 1.0  # the request's own overhead
+                rows.append(row)
+                ys.append(measured - start)
+                weights.append(1.0 / max(measured - work.arrival_s, MIN_LATENCY_S))
+    return np.array(rows), np.array(ys), np.array(weights)
+
+
+def _residual(a: np.ndarray, y: np.ndarray, w: np.ndarray, costs: np.ndarray) -> float:
+    """Relative RMS error of the token times the costs give, under the schedule they give."""
+    return math.sqrt(float(np.mean(((a @ costs - y) * w) ** 2))) if len(y) else math.inf
+
+
+def _start(steps: Sequence[ObservedStep], drafts: Sequence[str], start: Fit | None) -> np.ndarray:
+    """Where the fixed point starts: an earlier fit's costs (a study refits after every trial), else ``_initial``."""
+    costs = _initial(steps, drafts)
+    if start is None:
+        return costs
+    costs[: len(TARGET_FEATURES)] = start.target
+    for i, draft in enumerate(drafts):
+        if draft in start.drafts:
+            at = len(TARGET_FEATURES) + len(DRAFT_FEATURES) * i
+            costs[at : at + len(DRAFT_FEATURES)] = start.drafts[draft]
+    costs[-1] = start.overhead_s
+    return costs
+
+
+def fit_costs(steps: Sequence[ObservedStep], rounds: int = ITERATIONS, start: Fit | None = None) -> Fit | None:
+    """The costs that best explain ``steps`` (one engine's), or None without a measured request.
+
+    Each round moves the costs ``RELAX`` times the way the least squares points (the plain fixed
+    point creeps towards its answer one schedule at a time); the round whose costs simulate the
+    measured times best is kept, since near the answer a schedule flips back and forth."""
+    drafts = sorted({s.spec.draft for s in steps if s.spec is not None})
+    costs = _start(steps, drafts, start)
+    best: tuple[float, np.ndarray, int] | None = None
+    for done in range(1, rounds + 1):
+        a, y, w = _equations(steps, costs, drafts)
+        if len(y) == 0:
+            return None
+        residual = _residual(a, y, w, costs)
+        if best is None or residual < best[0]:
+            best = (residual, costs, done)
+        new = nnls(a * w[:, None], y * w)
+        if np.abs(new - costs).max() <= TOLERANCE * max(float(np.abs(new).max()), 1e-12):
+            break
+        costs = np.maximum(costs + RELAX * (new - costs), 0.0)
+    assert best is not None
+    residual, costs, done = best
+    n_target, n_draft = len(TARGET_FEATURES), len(DRAFT_FEATURES)
+    by_draft = {d: costs[n_target + n_draft * i : n_target + n_draft * (i + 1)] for i, d in enumerate(drafts)}
+    return Fit(
+        tuple(float(c) for c in costs[:n_target]), {d: (float(c[0]), float(c[1])) for d, c in by_draft.items()},
+        float(costs[-1]), residual, sum(len(s.works) for s in steps), len(steps), done,
+    )  # fmt: skip

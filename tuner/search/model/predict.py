@@ -1,0 +1,248 @@
+"""A config's capacity before it boots: simulate the study's own workload through the fitted engine.
+
+``EngineModel`` holds what a study's served trials taught (per engine the fitted costs, per draft
+the acceptance, the workload's prefix-cache hit rate). To predict a config it serves simulated steps
+as a capacity trial would (``tuner.measure.rate_steps``: the plan's request count at a rate, released
+at the plan's seeded arrivals, the study's requests in order) through the simulated scheduler of that
+config (its token budget and sequence limit from the adapter, its KV pool from the memory screen,
+its speculation at the draft's acceptance), judges each step as a real one
+(``tuner.measure.capacity.summarize_step``, every SLO tier) and bisects the rate where steps stop passing.
+
+What the study has not measured is a range, not a guess:
+
+* a draft never booted: its acceptance anywhere in [0, 1] and its own costs anywhere between nothing
+  and the target's own (a draft is no slower than its target), so the capacity is the range those
+  ends give;
+* an engine never booted: no prediction at all.
+
+How far the model itself is off is the study's own record (``model_sigma``): each trial stores what
+was predicted before it booted, so the spread of log(predicted / measured) over them is the model's
+error on this engine, this machine and this workload.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from itertools import cycle, islice
+from typing import Any
+
+import numpy as np
+
+from tuner.engines.base import Device, EngineAdapter
+from tuner.measure.capacity import FLOOR_DIVISOR, summarize_step
+from tuner.measure.rate_steps import CapacityPlan
+from tuner.search.model.fit import Fit, fit_costs
+from tuner.search.model.history import (
+    Served,
+    Shape,
+    draft_acceptance,
+    hit_rate,
+    limits_of,
+    observed,
+    speculation,
+    step_works,
+)
+from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, simulate
+from tuner.workloads.arrivals import Arrival, release_times
+
+PRECISION = 0.02  # a predicted capacity is bisected this close: finer than any search resolution
+MAX_DOUBLINGS = 10
+PRIOR_SIGMA = 0.25  # the model's log error assumed until the study has MIN_RECORD predictions of its own
+MIN_RECORD = 3
+RANGE_POINTS = 9  # points a range is averaged over in the expected improvement
+UNKNOWN_ACCEPTANCE = (0.0, 1.0)
+NO_ACCEPTANCE = 0.0  # the acceptance a fit assumes for a step whose counters and draft say nothing
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the model expects of a config under one tier: its capacity (req/s), the range the
+    unmeasured parts of it allow (``low``..``high``; both the capacity where all is known), and why."""
+
+    tier: str
+    capacity_req_s: float | None
+    low_req_s: float | None
+    high_req_s: float | None
+    basis: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EngineModel:
+    """A study's performance model: fitted from ``served`` trials, predicting for ``shapes`` (the
+    study's requests, in order) under ``plan``. ``fits`` is filled by ``fit``."""
+
+    adapters: Mapping[str, EngineAdapter]
+    device: Device
+    plan: CapacityPlan
+    shapes: Sequence[Shape]
+    fits: dict[str, Fit]
+    acceptance: dict[str, dict[str, float]]
+    hit: float
+    trials: int
+
+    @classmethod
+    def fit(
+        cls, served: Sequence[Served], adapters: Mapping[str, EngineAdapter], device: Device, plan: CapacityPlan,
+        shapes: Sequence[Shape], start: Mapping[str, Fit] | None = None,
+    ) -> EngineModel:  # fmt: skip
+        """Fit every engine ``served`` holds (``start``: an earlier model's fits, to start from)."""
+        fits, acceptance = {}, {}
+        for engine in sorted({s.engine for s in served}):
+            mine = [s for s in served if s.engine == engine]
+            acceptance[engine] = draft_acceptance(mine, engine)
+            steps = []
+            for s in mine:
+                draft = str(s.params.get("draft_model"))
+                steps += observed(s, adapters[engine], device, acceptance[engine].get(draft, NO_ACCEPTANCE))
+            fitted = fit_costs(steps, start=(start or {}).get(engine))
+            if fitted is not None:
+                fits[engine] = fitted
+        hits = [hit_rate(step) for s in served for step in s.steps if "prefix_cache_hit_rate" in step.server]
+        hit = float(np.median(hits)) if hits else 0.0
+        return cls(adapters, device, plan, list(shapes), fits, acceptance, hit, len(served))
+
+    def predict(self, engine: str, params: Mapping[str, Any], kv_tokens: int | None) -> dict[str, Prediction]:
+        """Every scored tier's predicted capacity for a config of ``engine`` with ``params`` and a KV
+        pool of ``kv_tokens`` (None: unbounded)."""
+        tiers = self.plan.scored
+        fit = self.fits.get(engine)
+        if fit is None or not self.shapes:
+            return {t: Prediction(t, None, None, None, f"{engine} never served a step in this study") for t in tiers}
+        adapter = self.adapters[engine]
+        limits = limits_of(params, adapter, self.device, kv_tokens)
+        spec = speculation(params, 0.0)
+        known = self.acceptance.get(engine, {})
+        if spec is None or (spec.draft in known and fit.theta(spec) is not None):
+            spec = None if spec is None else replace(spec, accept=known[spec.draft])
+            theta = fit.theta(spec)
+            assert theta is not None
+            capacities = self._capacities(limits, theta, spec, fit.overhead_s)
+            why = f"fitted on {fit.steps} steps of {self.trials} trials"
+            return {t: Prediction(t, c, c, c, why) for t, c in capacities.items()}
+        # never booted: the ends of what it could be
+        assert spec is not None
+        slow = self._capacities(limits, _with_draft(fit, _as_slow_as_target(fit)),
+                                replace(spec, accept=UNKNOWN_ACCEPTANCE[0]), fit.overhead_s)  # fmt: skip
+        fast = self._capacities(limits, _with_draft(fit, (0.0, 0.0)),
+                                replace(spec, accept=UNKNOWN_ACCEPTANCE[1]), fit.overhead_s)  # fmt: skip
+        why = f"draft {spec.draft} never booted: acceptance 0 to 1, drafting free to as dear as the target"
+        return {t: Prediction(t, _middle(slow[t], fast[t]), slow[t], fast[t], why) for t in tiers}
+
+    def _capacities(
+        self, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
+    ) -> dict[str, float]:
+        cache: dict[float, list[dict[str, Any]]] = {}
+
+        def rows_at(rate: float) -> list[dict[str, Any]]:
+            key = round(rate, 9)
+            if key not in cache:
+                cache[key] = self.step_rows(rate, limits, theta, spec, overhead_s)
+            return cache[key]
+
+        out = {}
+        for tier in self.plan.scored:
+            slo = self.plan.tiers[tier]
+
+            def passes(rate: float, slo: Mapping[str, float] = slo) -> bool:
+                rows = rows_at(rate)
+                ends = [r["done_s"] for r in rows if r["done_s"] is not None] + [r["sent_s"] for r in rows]
+                step = summarize_step(rate, rows, slo, self.plan.target, max(ends), z=self.plan.z)
+                return step.passed
+
+            out[tier] = bisect_capacity(passes, self.plan.start_rate, self.plan.start_rate / FLOOR_DIVISOR)
+        return out
+
+    def step_rows(
+        self, rate: float, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
+    ) -> list[dict[str, Any]]:
+        """A simulated step at ``rate``: the plan's requests for it, as request rows a real step records."""
+        n = math.ceil(rate * self.plan.look_s(rate) * self.plan.step_limit)
+        times = release_times(n, Arrival(rate=rate, burstiness=self.plan.burstiness), self.plan.seed)
+        rows = [{"sent_s": float(t or 0.0), "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
+                 "blocks": shape.blocks, "error": None}
+                for t, shape in zip(times, islice(cycle(self.shapes), n), strict=True)]  # fmt: skip
+        lines = simulate(step_works(rows, self.hit), limits, theta, spec)
+        for row, line in zip(rows, lines, strict=True):
+            row["first_s"] = None if line.first_s is None else line.first_s + overhead_s
+            row["done_s"] = None if line.done_s is None else line.done_s + overhead_s
+        return rows
+
+
+def _with_draft(fit: Fit, costs: tuple[float, float]) -> np.ndarray:
+    return np.concatenate([np.array(fit.target), costs])
+
+
+def _as_slow_as_target(fit: Fit) -> tuple[float, float]:
+    """A draft's costs at their bound: a pass as dear as a target iteration, a token as a target's."""
+    named = dict(zip(TARGET_FEATURES, fit.target, strict=True))
+    return named["iteration"], named["token"]
+
+
+def _middle(low: float, high: float) -> float:
+    """The centre of a range on the log scale (capacities are positive and skewed)."""
+    return math.sqrt(low * high) if low > 0 else high / 2
+
+
+def bisect_capacity(passes: Callable[[float], bool], start: float, floor: float) -> float:
+    """The highest rate that passes below the lowest one found failing, to ``PRECISION``: doubling
+    from ``start`` while steps pass, halving while they fail (0 below ``floor``), then bisecting."""
+    low, high, rate = 0.0, math.inf, start
+    for _ in range(MAX_DOUBLINGS):
+        if passes(rate):
+            low = rate
+            if high < math.inf:
+                break
+            rate *= 2
+        else:
+            high = rate
+            if low > 0:
+                break
+            rate /= 2
+            if rate < floor:
+                return 0.0
+    if high == math.inf or low == 0.0:
+        return low
+    while high / low > 1 + PRECISION:
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if passes(mid) else (low, mid)
+    return low
+
+
+def model_sigma(record: Sequence[tuple[float, float]]) -> float:
+    """The model's log error from (predicted, measured) capacities of this study's trials, each
+    predicted before it booted; ``PRIOR_SIGMA`` until ``MIN_RECORD`` of them are known."""
+    pairs = [(p, m) for p, m in record if p > 0 and m > 0]
+    if len(pairs) < MIN_RECORD:
+        return PRIOR_SIGMA
+    return max(math.sqrt(sum(math.log(p / m) ** 2 for p, m in pairs) / len(pairs)), PRECISION)
+
+
+def expected_improvement(prediction: Prediction, best: float, sigma: float) -> float:
+    """E[max(C - best, 0)] for the capacity C: log-normal with the model's own error ``sigma`` around
+    the prediction, and where a part was never measured, around any point of the range it allows
+    (log-uniform over it: its ends are bounds, so a range wholly below ``best`` is worth little)."""
+    c, low, high = prediction.capacity_req_s, prediction.low_req_s, prediction.high_req_s
+    if c is None or high is None:
+        return math.inf  # never served: nothing known, so worth a boot
+    if high <= 0:
+        return 0.0
+    low = max(low or 0.0, high / 2**MAX_DOUBLINGS)
+    points = [c] if high <= low else [low * (high / low) ** (i / (RANGE_POINTS - 1)) for i in range(RANGE_POINTS)]
+    return sum(_lognormal_gain(max(p, low), best, sigma) for p in points) / len(points)
+
+
+def _lognormal_gain(centre: float, best: float, sigma: float) -> float:
+    m, s = math.log(centre), max(sigma, 1e-9)
+    if best <= 0:
+        return math.exp(m + s * s / 2)
+    z = (m - math.log(best)) / s
+    return math.exp(m + s * s / 2) * _phi(z + s) - best * _phi(z)
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))

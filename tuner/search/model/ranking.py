@@ -1,0 +1,55 @@
+"""``tuner plan --study NAME``: the planned configs ranked by the capacity a stored study's model predicts.
+
+The model is fitted on the study's served trials (``tuner.search.model.predict``) under the study's
+own capacity plan, and simulates the requests its longest step sent (in order; their prompts are not
+stored, so each step's measured prefix hits are spread over its requests). A study with nothing
+served, or not a capacity study, ranks nothing: the rows come back as planned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from tuner.engines.base import Device, EngineAdapter
+from tuner.measure.rate_steps import CapacityPlan
+from tuner.search.model.history import Shape
+from tuner.search.model.predict import EngineModel
+from tuner.search.model.sampler import served_trials
+from tuner.study.attrs import study_attrs_of
+
+
+def plan_of_study(study: optuna.Study) -> CapacityPlan | None:
+    stored = study_attrs_of(study).get("capacity_plan")
+    if not stored:
+        return None
+    fields = {k: v for k, v in stored.items() if k in CapacityPlan.__dataclass_fields__}
+    return CapacityPlan(**{**fields, "tiers": {k: dict(v) for k, v in stored["tiers"].items()},
+                           "scored": tuple(stored["scored"])})  # fmt: skip
+
+
+def rank(
+    rows: Sequence[dict[str, Any]], study: optuna.Study, adapters: Mapping[str, EngineAdapter]
+) -> list[dict[str, Any]]:
+    """``rows`` (``tuner plan``'s: engine, params, argv...) each with ``predicted`` (req/s per scored
+    tier; None where the model cannot say), highest first under the study's objective tier."""
+    plan = plan_of_study(study)
+    served = served_trials(study, {})
+    if plan is None or not served:
+        return list(rows)
+    longest = max((step for s in served for step in s.steps), key=lambda step: len(step.rows))
+    ordered = sorted(longest.rows, key=lambda r: float(r["sent_s"]))
+    shapes = [Shape(int(r["prompt_tokens"] or 1), max(int(r["output_tokens"] or 0), 1)) for r in ordered
+              if r.get("done_s") is not None]  # fmt: skip
+    hw = study_attrs_of(study).get("hardware") or {}  # the study's machine, which its trials measured
+    device = Device(str(hw.get("kind", "cuda")), str(hw.get("name", "")), int(hw.get("memory_bytes") or 0))
+    model = EngineModel.fit(served, adapters, device, plan, shapes)
+    out = []
+    for row in rows:
+        said = model.predict(row["engine"], row["params"], None)
+        out.append({**row, "predicted": {tier: p.capacity_req_s for tier, p in said.items()},
+                    "predicted_basis": next(iter(said.values())).basis})  # fmt: skip
+    first = plan.scored[0]
+    return sorted(out, key=lambda r: -(r["predicted"][first] if r["predicted"][first] is not None else -1.0))

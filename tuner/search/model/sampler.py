@@ -1,0 +1,310 @@
+"""``--sampler model``: each trial boots the config the performance model expects the most of.
+
+An Optuna sampler, so storage, fleets and the dashboard work as with any other. For every trial it
+proposes:
+
+1. refit the model on the study's served trials (``EngineModel.fit``; warm-started from the last fit);
+2. take the candidates: every config of a discrete space, or ``CANDIDATES`` drawn from a continuous
+   one, less those the study already tried, those the memory screen says cannot fit
+   (``tuner.search.memory``, calibrated on the study's boots) and those the learned rejections
+   refuse (``tuner.search.rejections``);
+3. predict each one's capacity under every scored tier and boot the one with the highest expected
+   improvement over the best capacity measured so far (``expected_improvement``: the model's own
+   error on this study, widened by what it has not measured, such as a draft never booted); an
+   engine never booted is worth a boot before anything is predicted for it.
+
+Before anything has served a step (the engine default left out) the first trial is a seeded random
+candidate. Every trial stores what was predicted for it before it booted (``predicted``), the engine
+default and other enqueued trials included, so ``tuner trials`` and the report set predictions
+against measurements, and the model's error on this study is known.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+from tuner.engines.base import Config, Device, EngineAdapter, ModelSpec
+from tuner.errors import ConfigError, WorkloadError
+from tuner.measure.rate_steps import CapacityPlan
+from tuner.measure.trial import TrialContext
+from tuner.search.grid import grid_points
+from tuner.search.memory import estimate, observations
+from tuner.search.model.fit import Fit
+from tuner.search.model.history import Served, Shape, served_of
+from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
+from tuner.search.rejections import rejected_like
+from tuner.search.space import Space, distributions, suggest
+from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, trial_attrs
+from tuner.study.feasible import feasible_trials
+from tuner.workloads.base import load_tokenizer
+from tuner.workloads.inspection import prompt_blocks
+
+CANDIDATES = 256  # configs scored per trial: a discrete space up to this size is scored whole
+PREDICTED = "predicted"
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """What the sampler needs of the study beyond its trials: the space and the engines that run
+    here, the drafts, the model and the device (for the memory screen), the capacity plan, and the
+    workload's requests in order with each one's prompt blocks by request id."""
+
+    space: Space
+    adapters: Mapping[str, EngineAdapter]
+    drafts: Sequence[str]
+    model: ModelSpec
+    device: Device
+    plan: CapacityPlan
+    shapes: Sequence[Shape]
+    blocks: Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Scored:
+    point: dict[str, Any]
+    config: Config
+    predictions: dict[str, Prediction]
+    gain: float
+
+
+class ModelSampler(optuna.samplers.BaseSampler):
+    """Proposes the candidate with the highest expected improvement (see the module docstring).
+    ``bind`` gives it the study's context before the first trial; unbound it samples at random."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._seed = seed
+        self._random = optuna.samplers.RandomSampler(seed=seed)
+        self._context: ModelContext | None = None
+        self._cache: tuple[tuple[Any, ...], EngineModel] | None = None
+        self._fits: dict[str, Fit] = {}
+
+    def bind(self, context: ModelContext) -> None:
+        self._context = context
+
+    def reseed_rng(self) -> None:
+        self._random.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        c = self._context
+        return {} if c is None else distributions(c.space, list(c.adapters), list(c.drafts))
+
+    def sample_relative(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        c = self._context
+        if c is None or not search_space:
+            return {}
+        model = self.model(study)
+        if trial.system_attrs.get("fixed_params"):
+            return {}  # enqueued: predicted in before_trial, not chosen here
+        candidates = self._candidates(study, trial.number)
+        if not candidates:
+            return {}
+        best = self._best(study)
+        sigma = model_sigma(_record(study, c.plan.scored[0]))
+        scored = [self._score(model, study, point, config, best, sigma) for point, config in candidates]
+        rng = random.Random(f"{self._seed}:{trial.number}")
+        if not model.fits:  # nothing served yet: nothing to predict from
+            choice = rng.choice(scored)
+        else:
+            choice = max(scored, key=lambda s: (s.gain, _central(s.predictions, c.plan.scored[0]), rng.random()))
+        self._store(study, trial, choice.predictions, choice.gain, len(candidates))
+        return {k: v for k, v in choice.point.items() if k in search_space}
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """An enqueued trial (the engine default, a config the objective queued) samples nothing, so
+        Optuna never asks for its relative params: its prediction is stored here."""
+        fixed = trial.system_attrs.get("fixed_params")
+        if self._context is None or not fixed:
+            return
+        default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
+        config = _config(self._context, dict(fixed), default)
+        self._store(study, trial, self._predict(self.model(study), study, config), None, 0)
+
+    def sample_independent(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str, dist: BaseDistribution
+    ) -> Any:
+        return self._random.sample_independent(study, trial, name, dist)
+
+    def model(self, study: optuna.Study) -> EngineModel:
+        """The model fitted on the study's served trials (refitted only when they changed)."""
+        c = self._context
+        assert c is not None
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                        optuna.trial.TrialState.PRUNED))  # fmt: skip
+        served = [(t.number, s) for t in done if (s := served_of(t, c.blocks)) is not None]
+        key = tuple(n for n, _ in served)
+        if self._cache is None or self._cache[0] != key:
+            model = EngineModel.fit([s for _, s in served], c.adapters, c.device, c.plan, c.shapes, self._fits)
+            self._fits = dict(model.fits)
+            self._cache = (key, model)
+        return self._cache[1]
+
+    def _predict(self, model: EngineModel, study: optuna.Study, config: Config) -> dict[str, Prediction]:
+        return model.predict(config.engine, config.params, self._kv_tokens(study, config))
+
+    def _kv_tokens(self, study: optuna.Study, config: Config) -> int | None:
+        """The config's KV pool as the memory screen predicts it, calibrated on the study's boots."""
+        c = self._context
+        assert c is not None
+        adapter = c.adapters[config.engine]
+        finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        est = estimate(config, c.model, c.device, observations([t.user_attrs for t in finished]),
+                       adapter.default_memory_fraction, adapter.kv_tokens_required(c.model))  # fmt: skip
+        return None if est is None else est.predicted_tokens
+
+    def _score(
+        self, model: EngineModel, study: optuna.Study, point: dict[str, Any], config: Config,
+        best: dict[str, float], sigma: float,
+    ) -> Scored:  # fmt: skip
+        predictions = self._predict(model, study, config)
+        gains = []
+        for tier, p in predictions.items():
+            gain = expected_improvement(p, best.get(tier, 0.0), sigma)
+            gains.append(gain / best[tier] if best.get(tier) else gain)  # tiers compared as shares of their best
+        return Scored(point, config, predictions, sum(gains))
+
+    def _best(self, study: optuna.Study) -> dict[str, float]:
+        """Each scored tier's best capacity measured so far among the feasible trials."""
+        c = self._context
+        assert c is not None
+        best: dict[str, float] = {}
+        for t in feasible_trials(study):
+            for tier in c.plan.scored:
+                value = (trial_attrs(t).get("metrics") or {}).get(f"capacity_{tier}_req_s")
+                if isinstance(value, int | float) and value > best.get(tier, 0.0):
+                    best[tier] = float(value)
+        return best
+
+    def _candidates(self, study: optuna.Study, number: int) -> list[tuple[dict[str, Any], Config]]:
+        """Configs worth predicting: not tried yet, not screened out, not refused like an earlier one."""
+        c = self._context
+        assert c is not None
+        engines = list(c.adapters)
+        try:
+            points = grid_points(c.space, engines, list(c.drafts))
+        except ConfigError:  # a continuous space: a seeded draw of it
+            points = []
+        if not points or len(points) > CANDIDATES:
+            rng = random.Random(f"{self._seed}:candidates:{number}")
+            dists = distributions(c.space, engines, list(c.drafts))
+            points = [_draw(dists, rng) for _ in range(CANDIDATES)]
+        tried = [t.params for t in study.get_trials(deepcopy=False) if t.params]
+        finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        history = observations([t.user_attrs for t in finished])
+        out: list[tuple[dict[str, Any], Config]] = []
+        for point in points:
+            config = _config(c, point, False)
+            canonical = _asked(point, config)
+            if canonical in tried or any(canonical == o for o, _ in out):
+                continue
+            adapter = c.adapters[config.engine]
+            est = estimate(config, c.model, c.device, history, adapter.default_memory_fraction,
+                           adapter.kv_tokens_required(c.model))  # fmt: skip
+            if (est is not None and not est.fits) or rejected_like(config, finished, adapter) is not None:
+                continue
+            out.append((canonical, config))
+        return out
+
+    def _store(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, predictions: Mapping[str, Prediction],
+        gain: float | None, candidates: int,
+    ) -> None:  # fmt: skip
+        c = self._context
+        assert c is not None
+        value = {
+            "tiers": {tier: p.as_dict() for tier, p in predictions.items()},
+            "sigma": model_sigma(_record(study, c.plan.scored[0])),
+            "expected_gain": None if gain is None or not math.isfinite(gain) else gain,
+            "candidates": candidates,
+            "fitted_on": self._cache[1].trials if self._cache is not None else 0,
+        }
+        # a sampler holds the frozen trial, so the storage takes the checked record directly
+        for key, stored in checked_trial_attrs(TrialAttrs(predicted=value)).items():
+            study._storage.set_trial_user_attr(trial._trial_id, key, stored)  # noqa: SLF001
+
+
+def _config(c: ModelContext, point: Mapping[str, Any], default: bool) -> Config:
+    """The config a trial with these Optuna params runs: ``suggest`` itself, on a fixed trial."""
+    trial = cast(optuna.Trial, optuna.trial.FixedTrial(dict(point)))  # it answers every suggest_* as Trial does
+    return suggest(trial, c.space, list(c.adapters), list(c.drafts), default)
+
+
+def _asked(point: Mapping[str, Any], config: Config) -> dict[str, Any]:
+    """The params a trial records for ``point``: those ``suggest`` asks for (no draft without speculation)."""
+    return {k: v for k, v in point.items() if k == "engine" or k.split(".", 1)[-1] in config.params}
+
+
+def _draw(dists: Mapping[str, BaseDistribution], rng: random.Random) -> dict[str, Any]:
+    """One point of the space, uniform in each parameter (the engine first, then its own)."""
+    engine_dist = dists["engine"]
+    assert isinstance(engine_dist, CategoricalDistribution)
+    engine = rng.choice(list(engine_dist.choices))
+    point: dict[str, Any] = {"engine": engine}
+    for name, dist in dists.items():
+        if not name.startswith(f"{engine}."):
+            continue
+        if isinstance(dist, CategoricalDistribution):
+            point[name] = rng.choice(list(dist.choices))
+        elif isinstance(dist, IntDistribution):
+            point[name] = rng.randint(dist.low, dist.high)
+        elif isinstance(dist, FloatDistribution):
+            steps = int(round((dist.high - dist.low) / dist.step)) if dist.step else 0
+            point[name] = (
+                dist.low + rng.randint(0, steps) * dist.step if dist.step else rng.uniform(dist.low, dist.high)
+            )
+    return point
+
+
+def _central(predictions: Mapping[str, Prediction], tier: str) -> float:
+    value = predictions[tier].capacity_req_s
+    return math.inf if value is None else value
+
+
+def _record(study: optuna.Study, tier: str) -> list[tuple[float, float]]:
+    """(predicted before it booted, measured) capacities of the study's trials under ``tier``."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        a = t.user_attrs
+        predicted = ((a.get(PREDICTED) or {}).get("tiers") or {}).get(tier) or {}
+        measured = (a.get("metrics") or {}).get(f"capacity_{tier}_req_s")
+        if a.get("failure") is None and isinstance(predicted.get("capacity_req_s"), int | float) and measured:
+            out.append((float(predicted["capacity_req_s"]), float(measured)))
+    return out
+
+
+def context_of(space: Space, ctx: TrialContext) -> ModelContext:
+    """The sampler's context from a study's trial context: its workload's requests become the shapes
+    the model simulates, each prompt cut into blocks with the target's tokenizer (none where the
+    tokenizer cannot be read: the model then spreads each step's measured prefix hits instead)."""
+    if ctx.capacity is None:
+        raise ConfigError("--sampler model predicts capacity: use --objective capacity or capacity-pareto")
+    requests = ctx.workload.requests
+    try:
+        tokenizer = load_tokenizer(Path(ctx.model.path))
+    except WorkloadError:
+        tokenizer = None
+    numbered: dict[bytes, int] = {}
+    blocks: dict[str, tuple[int, ...]] = {}
+    if tokenizer is not None:
+        for r in requests:
+            blocks[r.request_id] = tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
+    shapes = [Shape(r.prompt_tokens, r.max_tokens, blocks.get(r.request_id)) for r in requests]
+    adapters = {name: adapter for name, (adapter, _) in ctx.engines.items()}
+    return ModelContext(space, adapters, list(ctx.model.drafts), ctx.model, ctx.device, ctx.capacity, shapes, blocks)
+
+
+def served_trials(study: optuna.Study, blocks: Mapping[str, tuple[int, ...]]) -> list[Served]:
+    """Every trial of ``study`` the model can learn from."""
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+    return [s for t in trials if (s := served_of(t, blocks)) is not None]

@@ -1,0 +1,257 @@
+"""The engine's scheduler, simulated one iteration at a time: when each request gets its first and last token.
+
+What it holds is what vLLM's V1 scheduler does each step (``vllm/v1/core/sched/scheduler.py``):
+
+* continuous batching: the running requests are scheduled first, in the order they were admitted,
+  each for what it still needs (the rest of its prompt, or one token plus its speculative ones),
+  up to the iteration's token budget (``--max-num-batched-tokens``, the chunked-prefill budget);
+* then waiting requests are admitted, first come first served, while fewer than ``max_num_seqs``
+  run, budget is left and the KV pool has blocks for their chunk; a prompt longer than the budget
+  is prefilled in chunks over several iterations;
+* a running request that needs a block the pool lacks preempts the last admitted one, which waits
+  again and later recomputes what it had (vLLM's recompute preemption); no admission in that step;
+* speculation: a decoding request schedules 1 + K tokens and emits, on average, 1 + a + ... + a^K
+  of them at a per-position acceptance a (``Speculation``); drafting takes K passes per step.
+
+An iteration costs ``Costs.theta . features`` seconds (``FEATURES``, plus a draft model's own), so a
+request's first and last token times are, for a fixed schedule, linear in the costs: the start of
+its busy period plus the summed features of the iterations up to then. ``tuner.search.model.fit``
+uses exactly that to fit the costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.workloads.inspection import BLOCK_TOKENS  # the KV cache's block, as the prefix cache counts it
+
+# What one iteration holds, each with a cost per unit (seconds): the iteration itself, every token
+# it computes (prefill and decode, verification included), every sequence in it, and attention
+# (each computed token against its context, in millions of token pairs).
+TARGET_FEATURES = ("iteration", "token", "sequence", "attention")
+# Proposing speculative tokens: each drafting pass, and every token a draft runs (the step's, and
+# K - 1 more per speculating sequence); a model-free lookup's costs land on the same two.
+DRAFT_FEATURES = ("draft_pass", "draft_token")
+
+
+@dataclass(frozen=True)
+class Work:
+    """A request as the scheduler sees it: when it arrives (s), its prompt tokens and the tokens it
+    generates. With ``blocks`` (its prompt's full blocks, numbered so that equal numbers are equal
+    prefixes), the prefix cache is simulated: when first scheduled it computes only what follows the
+    leading blocks an earlier request has finished computing (vLLM counts hits at that moment too).
+    Without, ``prompt_tokens`` is what it computes."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    blocks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One config's scheduler: token budget and sequences per iteration, the KV pool in tokens
+    (None: unbounded)."""
+
+    token_budget: int | None
+    max_seqs: int | None
+    kv_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding: ``k`` tokens proposed per step (or K by batch size, ``schedule`` of
+    ``(first, last, K)``, capped at ``k``), accepted each with probability ``accept`` given the one
+    before was. Proposing has costs of its own (``DRAFT_FEATURES``), a draft model's passes or a
+    model-free lookup's, fitted per draft."""
+
+    draft: str
+    k: int
+    accept: float
+    schedule: tuple[tuple[int, int, int], ...] = ()
+
+    def k_at(self, batch: int) -> int:
+        for first, last, k in self.schedule:
+            if first <= batch <= last:
+                return min(k, self.k)
+        return self.k
+
+    def emitted(self, k: int) -> float:
+        """Tokens one verification step emits on average: the bonus token and the accepted run."""
+        return float(sum(self.accept**i for i in range(k + 1)))
+
+
+def acceptance_of(rate: float, k: int) -> float:
+    """The per-position acceptance a whose accepted share at ``k`` (``(a + ... + a^k) / k``, what
+    vLLM's counters give as accepted over drafted tokens) is ``rate``."""
+    if k <= 0:
+        return 0.0
+    target = min(max(rate, 0.0), 1.0)
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        share = sum(mid**i for i in range(1, k + 1)) / k
+        low, high = (mid, high) if share < target else (low, mid)
+    return (low + high) / 2
+
+
+@dataclass
+class Timeline:
+    """What happened to one request: its first and last token times (s), and for the fit, the start
+    of the busy period each fell in and the summed features of that period's iterations up to them."""
+
+    first_s: float | None = None
+    done_s: float | None = None
+    first_start_s: float = 0.0
+    done_start_s: float = 0.0
+    first_features: np.ndarray | None = None
+    done_features: np.ndarray | None = None
+
+
+@dataclass
+class _Request:
+    index: int
+    work: Work
+    to_compute: int  # prompt tokens to compute (after a preemption: prompt and output so far)
+    computed: int = 0
+    generated: float = 0.0
+    kv: int = 0  # tokens held in the KV pool
+    started: bool = False  # has its first token
+    looked_up: bool = False  # its prefix-cache hits are counted
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // BLOCK_TOKENS)
+
+
+def simulate(
+    works: Sequence[Work], limits: Limits, theta: np.ndarray, spec: Speculation | None = None,
+    max_iterations: int = 200_000,
+) -> list[Timeline]:  # fmt: skip
+    """Run ``works`` through the scheduler with costs ``theta`` (over ``feature_names(spec)``);
+    a request that could not finish within ``max_iterations`` keeps no done time."""
+    n_features = len(TARGET_FEATURES) + (len(DRAFT_FEATURES) if spec is not None else 0)
+    theta = np.asarray(theta, dtype=float)[:n_features]
+    order = sorted(range(len(works)), key=lambda i: works[i].arrival_s)
+    pending = deque(order)
+    timelines = [Timeline() for _ in works]
+    waiting: deque[_Request] = deque()
+    running: list[_Request] = []
+    budget_cap = limits.token_budget if limits.token_budget else math.inf
+    seqs_cap = limits.max_seqs if limits.max_seqs else math.inf
+    pool = _blocks(limits.kv_tokens) if limits.kv_tokens else math.inf
+    used = 0  # blocks
+    cached: set[int] = set()  # prompt blocks computed so far (the cache is emptied before every step)
+    now, busy_start = 0.0, 0.0
+    acc = np.zeros(n_features)
+    x = np.zeros(n_features)
+    for _ in range(max_iterations):
+        if not waiting and not running:
+            if not pending:
+                break
+            now = max(now, works[pending[0]].arrival_s)
+            busy_start, acc = now, np.zeros(n_features)
+        while pending and works[pending[0]].arrival_s <= now:
+            i = pending.popleft()
+            waiting.append(_Request(i, works[i], max(works[i].prompt_tokens, 1)))
+        budget = budget_cap
+        scheduled: list[tuple[_Request, int, int]] = []  # request, tokens, speculative tokens
+        preempted = False
+        batch = len(running)
+        k_now = spec.k_at(batch) if spec is not None else 0
+        index = 0
+        while index < len(running) and budget > 0:
+            req = running[index]
+            prefill = req.computed < req.to_compute
+            want = req.to_compute - req.computed if prefill else 1 + k_now
+            n = int(min(want, budget))
+            need = _blocks(req.kv + n) - _blocks(req.kv)
+            while used + need > pool and running:
+                victim = running.pop()  # the last admitted goes back to wait, and recomputes later
+                used -= _blocks(victim.kv)
+                scheduled = [s for s in scheduled if s[0] is not victim]
+                victim.to_compute = max(victim.work.prompt_tokens, 1) + int(victim.generated)
+                victim.computed, victim.kv = 0, 0
+                waiting.appendleft(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req not in running:
+                break
+            used += need
+            req.kv += n
+            scheduled.append((req, n, 0 if prefill else n - 1))
+            budget -= n
+            index += 1
+        while not preempted and waiting and len(running) < seqs_cap and budget > 0:
+            req = waiting[0]
+            if not req.looked_up and req.work.blocks is not None:
+                req.looked_up = True
+                hits = 0
+                for block in req.work.blocks:
+                    if block not in cached:
+                        break
+                    hits += 1
+                req.to_compute = max(req.work.prompt_tokens - hits * BLOCK_TOKENS, 1)
+            n = int(min(req.to_compute - req.computed, budget))
+            need = _blocks(req.kv + n) - _blocks(req.kv)
+            if used + need > pool:
+                break
+            waiting.popleft()
+            running.append(req)
+            used += need
+            req.kv += n
+            scheduled.append((req, n, 0))
+            budget -= n
+        if not scheduled:
+            # nothing fits (a prompt larger than the whole pool): it can never run
+            if waiting and not running:
+                waiting.popleft()
+                continue
+            if not pending:
+                break
+            now = max(now, works[pending[0]].arrival_s)
+            continue
+        x[:] = 0.0
+        tokens = 0
+        spec_seqs = 0
+        for req, n, k in scheduled:
+            tokens += n
+            x[3] += n * (req.kv - n + n / 2.0) / 1e6
+            spec_seqs += k > 0
+        x[0], x[1], x[2] = 1.0, tokens, len(scheduled)
+        if n_features > len(TARGET_FEATURES) and spec_seqs:
+            x[4] = k_now
+            x[5] = tokens + max(k_now - 1, 0) * spec_seqs
+        elif n_features > len(TARGET_FEATURES):
+            x[5] = tokens  # the draft model prefills the prompt too
+        now += float(theta @ x)
+        acc += x
+        for req, n, k in scheduled:
+            if req.computed < req.to_compute:
+                req.computed += n
+                if req.computed >= req.to_compute and not req.started:
+                    req.started, req.generated = True, 1.0
+                    cached.update(req.work.blocks or ())
+                    t = timelines[req.index]
+                    t.first_s, t.first_start_s, t.first_features = now, busy_start, acc.copy()
+            else:
+                req.generated += spec.emitted(k) if spec is not None and k > 0 else 1.0
+                held = req.to_compute + int(req.generated)  # rejected drafts give their slots back
+                used += _blocks(held) - _blocks(req.kv)
+                req.kv = held
+            if req.started and req.generated >= req.work.output_tokens:
+                t = timelines[req.index]
+                t.done_s, t.done_start_s, t.done_features = now, busy_start, acc.copy()
+                running.remove(req)
+                used -= _blocks(req.kv)
+    return timelines
+
+
+def feature_names(spec: Speculation | None) -> tuple[str, ...]:
+    return TARGET_FEATURES + (DRAFT_FEATURES if spec is not None else ())
