@@ -1,4 +1,5 @@
-"""Fixtures of the fault-injection suite: a tiny model, a fault engine, a study, and the leak check."""
+"""Fixtures of the fault-injection suite: a tiny model, a fault engine, a study, and the leak check;
+and the run's summary of the fault tests that were skipped."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 
 from tests.faults import procs
 from tests.faults.harness import FaultEngine, Study, make_engine, make_model, make_study
+from tests.faults.outcomes import NEEDS_ROOT
+
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +47,31 @@ def nothing_left_behind() -> Iterator[None]:
         except psutil.Error:
             pass
     assert not left, f"processes left behind: {named}"
+
+
+def skipped_faults(reports: list[pytest.TestReport], root: Path) -> list[tuple[str, str]]:
+    """The fault tests among ``reports`` that were skipped, each with its reason."""
+    found = []
+    for report in reports:
+        if (root / report.fspath).resolve().is_relative_to(HERE):
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            found.append((report.nodeid, reason.removeprefix("Skipped: ")))
+    return found
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Name each skipped fault test and why, those that need root first: ``-ra`` names only the line
+    that skipped, and a fault not tested must never read as one that held (its row says so too)."""
+    skipped = skipped_faults(terminalreporter.stats.get("skipped", []), config.rootpath)
+    if not skipped:
+        return
+    skipped.sort(key=lambda found: not found[1].startswith(NEEDS_ROOT))
+    for_root = sum(reason.startswith(NEEDS_ROOT) for _, reason in skipped)
+    terminalreporter.write_sep(
+        "=",
+        f"{len(skipped)} fault test{'' if len(skipped) == 1 else 's'} skipped, {for_root} for lack of root",
+        yellow=True,
+    )
+    for nodeid, reason in skipped:
+        terminalreporter.write_line(f"SKIPPED {nodeid}: {reason}")

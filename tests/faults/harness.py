@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +61,15 @@ class FaultEngine:
 
     def boots(self) -> int:
         return sum(e.split()[1:2] == ["boot"] for e in self.events())
+
+    def ended(self, boot: int) -> str:
+        """How the engine of the ``boot``-th boot (from 0) ended, as its own events tell: a SIGTERM it
+        logged is the tuner stopping it; none means it exited or was killed some other way."""
+        events = self.events()
+        pids = [e.split()[0] for e in events if e.split()[1:2] == ["boot"]]
+        if boot >= len(pids):
+            return f"engine {boot} never booted"
+        return "stopped with SIGTERM" if f"{pids[boot]} term" in events else "ended without a SIGTERM"
 
     def wait_for(self, word: str, timeout_s: float = 60.0, count: int = 1) -> None:
         deadline = time.monotonic() + timeout_s
@@ -144,3 +155,59 @@ def resumed(engine: FaultEngine, boots_before: int, before: list[optuna.trial.Fr
     new = after[len(before) :]
     served = [t for t in new if t.state.name == "COMPLETE" and t.user_attrs.get("failure") is None]
     return engine.boots() > boots_before and bool(served)
+
+
+# What a row says the tuner did is composed of these, each read from the process, the study or the
+# engine's events, never picked by the class the test expects: a wrong outcome reads as wrong.
+LAST_LINE_CHARS = 200  # of what a command said last: its one line to the user fits, a log's tail does not
+
+
+def exited(code: int | None, said: str, who: str = "the search") -> str:
+    """How a command ended: its status or the signal that ended it, a traceback if it printed one,
+    and its last line when it did not succeed (what the user was told)."""
+    if code is None:
+        return f"{who} did not end"
+    if code < 0:
+        return f"{who} was ended by {signal.Signals(-code).name}"
+    text = f"{who} exited {code}" + (" with a traceback" if "Traceback" in said else "")
+    last = next((line.strip() for line in reversed(said.splitlines()) if line.strip()), "")
+    last = last if len(last) <= LAST_LINE_CHARS else last[: LAST_LINE_CHARS - 1] + "…"
+    return f"{text}: {last!r}" if code != 0 and last else text
+
+
+def recorded_class(trial: optuna.trial.FrozenTrial) -> str:
+    """What the study holds for a trial: its failure class, else served and how it was scored, or the
+    state of a trial that was never told (RUNNING, FAIL)."""
+    if trial.state.name != "COMPLETE":
+        return trial.state.name
+    failure = trial.user_attrs.get("failure")
+    if failure is not None:
+        return str(failure)
+    return "served (feasible)" if trial.user_attrs.get("constraint_violation", 0) <= 0 else "served (infeasible)"
+
+
+def measured(trial: optuna.trial.FrozenTrial) -> list[str]:
+    """What a trial's record says was measured: the workload's requests and errors, a finite TPOT, the
+    server-side stats when /metrics gave none, and the score's feasibility."""
+    attrs = trial.user_attrs
+    metrics = attrs.get("metrics")
+    if not isinstance(metrics, dict) or not metrics.get("n_requests"):
+        facts = ["sent no request"]
+    else:
+        facts = [f"measured {metrics['n_requests']:.0f} requests, {metrics.get('n_errors', 0):.0f} failed"]
+        tpot = metrics.get("tpot_p95_ms")
+        if isinstance(tpot, int | float) and math.isfinite(tpot):
+            facts.append(f"TPOT p95 {tpot:.1f} ms")
+        server = attrs.get("server")
+        if not isinstance(server, dict) or server.get("server_ttft_mean_ms") is None:
+            facts.append("no server-side stats from /metrics")
+    if trial.state.name == "COMPLETE":
+        facts.append("scored infeasible" if attrs.get("constraint_violation", 0) > 0 else "scored feasible")
+    return facts
+
+
+def reclaimed(before: list[optuna.trial.FrozenTrial], after: list[optuna.trial.FrozenTrial], number: int = 1) -> str:
+    """Trial ``number`` as the study held it after the fault, then (``after`` not empty: the next search
+    ran) as it holds it after the next search."""
+    held = [recorded_class(t[number]) if len(t) > number else f"no trial {number}" for t in (before, after) if t]
+    return ", then ".join(held) or f"no trial {number}"

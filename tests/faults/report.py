@@ -4,10 +4,13 @@
     scripts/test.sh tests/faults tests/unit/cli/test_fuzz_inputs.py tests/unit/cli/test_safety.py
     .venv/bin/python -m tests.faults.report
 
-Nothing is written by hand: every row is one test's own record (``tests.faults.outcomes``), so a
-fault whose test did not run, or failed before recording, is missing here and listed as such. Only
-the newest run's records are read (the run whose last record is newest; ``--run ID`` picks another):
-a record from an earlier run never fills a gap in this one. The header carries that run's stamp.
+Nothing is written by hand: every row is one test's own record (``tests.faults.outcomes``), written
+whether its test passed, failed or was skipped, with that outcome and what it observed up to there.
+A failed or skipped row says so in its row and in the counts; a fault whose test did not run (or
+stopped in a fixture before the test began) has no record and is listed as missing, in its place in
+the table and after it. Only the newest run's records are read (the run whose last record is newest;
+``--run ID`` picks another): a record from an earlier run never fills a gap in this one. The header
+carries that run's stamp.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.stamp import stamp_line
-from tests.faults.outcomes import RESULTS, ROOT
+from tests.faults.outcomes import NO_NEXT_RUN, NOT_OBSERVED, RESULTS, ROOT
 
 OUT = ROOT / "reports"
 # Every row the suite records when every test ran (the two real-engine ones included), in the order a
@@ -50,28 +53,68 @@ def load(run: Path) -> dict[str, Any]:
         records = [json.loads(p.read_text()) for p in sorted(run.glob(pattern))]
         return [r for r in records if r.get("run_id", run.name) == run.name]
 
-    faults, fuzz, findings = sorted(read("fault-*.json"), key=_place), read("fuzz-*.json"), read("finding-*.json")
+    faults = sorted((_as_observed(r) for r in read("fault-*.json")), key=_place)
+    fuzz, findings = read("fuzz-*.json"), read("finding-*.json")
     times = sorted(r["recorded_at"] for r in (*faults, *fuzz, *findings) if "recorded_at" in r)
     stamp_file = run / "run.json"
+    missing = [f for f in EXPECTED_FAULTS if f not in {r["fault"] for r in faults}]
     return {
         "run_id": run.name,
         "stamp": json.loads(stamp_file.read_text()) if stamp_file.exists() else {"run_id": run.name},
         "recorded": {"first": times[0], "last": times[-1]} if times else None,
-        "missing_faults": [f for f in EXPECTED_FAULTS if f not in {r["fault"] for r in faults}],
+        "missing_faults": missing,
         "missing_fuzz": [p for p in EXPECTED_FUZZ if p not in {r["prop"] for r in fuzz}],
         "faults": faults,
         "fuzz": fuzz,
         "open_findings": findings,
-        "totals": {
-            "faults": len(faults),
-            "processes_left": sum(f["processes_left"] for f in faults),
-            "trials_lost": sum(f["trials_lost"] for f in faults),
-            "resumed": sum(bool(f["resumed"]) for f in faults),
-            "fuzzed_inputs": sum(f["tried"] for f in fuzz),
-            "fuzzed_worked": sum(f["worked"] for f in fuzz),
-            "fuzzed_exit2_one_line": sum(f["exit2_one_line"] for f in fuzz),
-            "fuzzed_other": sum(len(f["other"]) for f in fuzz),
-        },
+        "totals": {**_fault_totals(faults, missing), **_fuzz_totals(fuzz)},
+    }
+
+
+def _as_observed(row: dict[str, Any]) -> dict[str, Any]:
+    """A record in today's shape. Records of runs before outcomes were kept were written only once
+    their test passed, with what the tuner did as one sentence: they read as passed, and as said."""
+    row = {"outcome": "passed", **row}
+    if isinstance(row.get("tuner_did"), str):
+        row["tuner_did"] = [row["tuner_did"]]
+    return row
+
+
+def outcome_kind(row: dict[str, Any]) -> str:
+    """``passed``, ``failed``, ``skipped``, or the outcome itself when it is none of these."""
+    return str(row["outcome"]).split(":", 1)[0]
+
+
+def _fault_totals(faults: list[dict[str, Any]], missing: list[str]) -> dict[str, int]:
+    kinds = [outcome_kind(f) for f in faults]
+    resumable = [f["resumed"] for f in faults if f["resumed"] != NO_NEXT_RUN]
+
+    def observed(key: str) -> list[int]:
+        return [f[key] for f in faults if f[key] is not None]
+
+    return {
+        "expected": len(EXPECTED_FAULTS),
+        "faults": len(faults),
+        "passed": kinds.count("passed"),
+        "failed": kinds.count("failed"),
+        "skipped": kinds.count("skipped"),
+        "missing": len(missing),
+        "processes_left": sum(observed("processes_left")),
+        "processes_left_not_observed": len(faults) - len(observed("processes_left")),
+        "trials_lost": sum(observed("trials_lost")),
+        "trials_lost_not_observed": len(faults) - len(observed("trials_lost")),
+        "resumed": sum(r is True for r in resumable),
+        "resume_observed": sum(isinstance(r, bool) for r in resumable),
+        "resume_not_observed": sum(r is None for r in resumable),
+    }
+
+
+def _fuzz_totals(fuzz: list[dict[str, Any]]) -> dict[str, int]:
+    return {
+        "fuzzed_inputs": sum(f["tried"] for f in fuzz),
+        "fuzzed_worked": sum(f["worked"] for f in fuzz),
+        "fuzzed_exit2_one_line": sum(f["exit2_one_line"] for f in fuzz),
+        "fuzzed_other": sum(len(f["other"]) for f in fuzz),
     }
 
 
@@ -84,6 +127,47 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _outcome_cell(outcome: str) -> str:
+    """Passed plainly; anything else in bold, so a failed or skipped fault stands out in the table."""
+    kind, _, why = outcome.partition(": ")
+    return "passed" if outcome == "passed" else f"**{kind.upper()}**" + (f": {why}" if why else "")
+
+
+def _observed(value: object) -> str:
+    if value is None:
+        return NOT_OBSERVED
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    return str(value)
+
+
+def _fault_row(f: dict[str, Any]) -> str:
+    did = "; ".join(f["tuner_did"]) or NOT_OBSERVED
+    cells = [f["fault"], _outcome_cell(f["outcome"]), f["engine"], f["injected"], did, f["recorded"],
+             _observed(f["processes_left"]), _observed(f["trials_lost"]), _observed(f["resumed"])]  # fmt: skip
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _missing_row(fault: str) -> str:
+    return f"| {_cell(fault)} | **MISSING**: no record in this run |" + " |" * 7
+
+
+def _fault_summary(t: dict[str, int]) -> list[str]:
+    not_passed = t["failed"] + t["skipped"] + t["missing"]
+    head = f"**{t['expected']} faults expected, {t['passed']} passed**" + (
+        f": {t['failed']} failed, {t['skipped']} skipped, {t['missing']} missing (not recorded)." if not_passed else "."
+    )
+    unseen = [f"{n} {what}" for n, what in ((t["processes_left_not_observed"], "processes left"),
+              (t["trials_lost_not_observed"], "trials lost"), (t["resume_not_observed"], "resumed")) if n]  # fmt: skip
+    return [
+        head,
+        "",
+        f"In the {t['faults']} recorded: processes left {t['processes_left']}, trials lost {t['trials_lost']}, "
+        f"study resumed after {t['resumed']} of the {t['resume_observed']} where it was observed (the faults "
+        f"with a next run)" + (f"; not observed (the test ended first): {', '.join(unseen)}." if unseen else "."),
+    ]
+
+
 def render(data: dict[str, Any]) -> str:
     t = data["totals"]
     recorded = data["recorded"]
@@ -94,21 +178,26 @@ def render(data: dict[str, Any]) -> str:
         f"_{stamp_line(data['stamp'])}._",
         "",
         f"Generated by `python -m tests.faults.report` from the records of one test run only (`{data['run_id']}`"
-        f"{when}); every row is one test's own outcome.",
+        f"{when}); every row is one test's own record of what it observed, written whether the test passed, "
+        "failed or was skipped.",
         "",
-        f"**{t['faults']} faults**: processes left {t['processes_left']}, trials lost {t['trials_lost']}, "
-        f"study resumed after {t['resumed']} of {t['faults']}.",
+        *_fault_summary(t),
         "",
-        "| fault | engine | injected | what the tuner did | recorded class | processes left | trials lost | resumed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fault | outcome | engine | injected | what the tuner did (observed) | recorded class | processes left "
+        "| trials lost | resumed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for f in data["faults"]:
-        said = " | ".join(_cell(f[k]) for k in ("fault", "engine", "injected", "tuner_did", "recorded"))
-        lines.append(f"| {said} | {f['processes_left']} | {f['trials_lost']} | {'yes' if f['resumed'] else 'no'} |")
+    rows = {f["fault"]: _fault_row(f) for f in data["faults"]}
+    order = [*EXPECTED_FAULTS, *(f["fault"] for f in data["faults"] if f["fault"] not in EXPECTED_FAULTS)]
+    lines += [rows[name] if name in rows else _missing_row(name) for name in order]
+    not_passed = [f for f in data["faults"] if f["outcome"] != "passed"]
+    if not_passed:
+        lines += ["", "**Not passed in this run**: " + "; ".join(f"`{f['fault']}` {f['outcome']}" for f in not_passed)
+                  + "."]  # fmt: skip
     if data["missing_faults"]:
         lines += ["", f"**Missing from this run**: {len(data['missing_faults'])} of the {len(EXPECTED_FAULTS)} "
                   "fault rows were not recorded (their tests did not run in it, those marked `engine` need the "
-                  "real vLLM CPU build, or failed before recording): "
+                  "real vLLM CPU build, or stopped in a fixture before the test began): "
                   + ", ".join(f"`{f}`" for f in data["missing_faults"]) + "."]  # fmt: skip
     lines += [
         "",
@@ -148,8 +237,10 @@ def main() -> None:
         sys.exit(f"run {run.name} recorded no fault and no fuzz property: run the tests first")
     (OUT / "reliability.json").write_text(json.dumps(data, indent=2) + "\n")
     (OUT / "reliability.md").write_text(render(data))
+    t = data["totals"]
     print(
-        f"{OUT / 'reliability.md'}: {data['totals']['faults']} faults, {data['totals']['fuzzed_inputs']} fuzzed inputs"
+        f"{OUT / 'reliability.md'}: {t['passed']} of {t['expected']} faults passed, {t['failed']} failed, "
+        f"{t['skipped']} skipped, {t['missing']} missing; {t['fuzzed_inputs']} fuzzed inputs"
     )
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.faults import procs
-from tests.faults.harness import FaultEngine, Study, lost, resumed, spawn, states
-from tests.faults.outcomes import FaultRow, record_fault
+from tests.faults.harness import FaultEngine, Study, exited, lost, measured, recorded_class, resumed, spawn, states
+from tests.faults.outcomes import observing
 
 # mode: (what is injected, the class trial 1 must be recorded with: None = it served)
 FAULTS: dict[str, tuple[str, str | None]] = {
@@ -34,6 +35,7 @@ FAULTS: dict[str, tuple[str, str | None]] = {
 def short_deadlines(monkeypatch: pytest.MonkeyPatch, stall: bool) -> None:
     """A 3 s boot deadline polled every 0.2 s, and for the stall a 1.5 s request timeout: the defaults
     (300 s, 120 s) would make the suite wait minutes for the same outcome."""
+    from tuner.client.driver import drive_sync
     from tuner.measure import process
     from tuner.measure import trial as serving
 
@@ -44,7 +46,7 @@ def short_deadlines(monkeypatch: pytest.MonkeyPatch, stall: bool) -> None:
         lambda self, deadline_s, poll_s=1.0: wait_ready(self, min(deadline_s, 3.0), 0.2),
     )
     if stall:
-        monkeypatch.setattr(serving, "drive_sync", functools.partial(serving.drive_sync, request_timeout_s=1.5))
+        monkeypatch.setattr(serving, "drive_sync", functools.partial(drive_sync, request_timeout_s=1.5))
 
 
 @pytest.mark.parametrize("mode", list(FAULTS))
@@ -55,30 +57,34 @@ def test_a_misbehaving_engine_is_recorded_and_the_study_goes_on(
     monkeypatch.setenv("TUNER_FAULT", f"ok,{mode},ok")
     monkeypatch.setenv("TUNER_FAULT_SLOW_S", "0.04")
     short_deadlines(monkeypatch, stall=mode == "stall")
-    code, err = study.search(2)
-    assert code == 0 and "Traceback" not in err, err
-    first = study.trials()
-    assert states(first) == [("COMPLETE", None), ("COMPLETE", expected)], err
-    faulty = first[1]
-    if expected is None:
-        assert faulty.user_attrs["constraint_violation"] == 0 and all(map(math.isfinite, faulty.values))
-    else:
-        assert faulty.user_attrs["constraint_violation"] > 0 and faulty.values == [math.inf, 0.0]
-    _check_mode(mode, faulty.user_attrs)
-    left = procs.left_after(15.0)
-    assert not left
+    with observing(mode, injected) as row:
+        code, err = study.search(2)
+        row.saw(exited(code, err))
+        assert code == 0 and "Traceback" not in err, err
+        first = study.trials()
+        if len(first) > 1:
+            row.recorded = recorded_class(first[1])
+            row.saw(f"trial 1's engine {engine.ended(1)}", *measured(first[1]))
+        assert states(first) == [("COMPLETE", None), ("COMPLETE", expected)], err
+        faulty = first[1]
+        if expected is None:
+            assert faulty.user_attrs["constraint_violation"] == 0 and all(map(math.isfinite, faulty.values))
+        else:
+            assert faulty.user_attrs["constraint_violation"] > 0 and faulty.values == [math.inf, 0.0]
+        _check_mode(mode, faulty.user_attrs)
+        left = procs.left_after(15.0)
+        row.processes_left = len(left)
+        assert not left
 
-    boots = engine.boots()
-    code, err = study.search(3)
-    assert code == 0 and "Traceback" not in err, err
-    after = study.trials()
-    trials_lost = lost(first, after)
-    assert trials_lost == 0 and resumed(engine, boots, first, after)
-    record_fault(FaultRow(mode, injected, _did(mode, expected, faulty.user_attrs), expected or "served (feasible)",
-                          len(left), trials_lost, True))  # fmt: skip
+        boots = engine.boots()
+        code, err = study.search(3)
+        assert code == 0 and "Traceback" not in err, err
+        after = study.trials()
+        row.trials_lost, row.resumed = lost(first, after), resumed(engine, boots, first, after)
+        assert row.trials_lost == 0 and row.resumed
 
 
-def _check_mode(mode: str, attrs: dict[str, object]) -> None:
+def _check_mode(mode: str, attrs: dict[str, Any]) -> None:
     metrics = attrs["metrics"]
     assert isinstance(metrics, dict) or mode in ("never_ready", "exit_boot")
     if mode == "slow":
@@ -86,23 +92,9 @@ def _check_mode(mode: str, attrs: dict[str, object]) -> None:
         assert metrics["n_errors"] == 0
     if mode in ("metrics_missing", "metrics_bad"):
         assert metrics["n_errors"] == 0
-        assert attrs["server"] in ({}, None) or attrs["server"].get("server_ttft_mean_ms") is None  # type: ignore[union-attr]
+        assert attrs["server"] in ({}, None) or attrs["server"].get("server_ttft_mean_ms") is None
     if mode == "exit_boot":
         assert "exited during boot" in str(attrs["log_tail"])
-
-
-def _did(mode: str, expected: str | None, attrs: dict[str, object]) -> str:
-    metrics = attrs.get("metrics") or {}
-    assert isinstance(metrics, dict)
-    if expected in ("boot_timeout", "engine_died"):
-        return "stopped the engine's group, recorded the boot failure, went on to the next trial"
-    if expected == "crash_on_request":
-        return "noticed the engine gone after the workload, recorded the crash, went on"
-    if expected == "request_errors":
-        return f"recorded every request as failed (error rate {metrics.get('error_rate', 0):.0%}), went on"
-    if mode == "slow":
-        return f"measured the slowness as it was (TPOT p95 {metrics.get('tpot_p95_ms', 0):.0f} ms), went on"
-    return "measured the workload as usual, leaving only the server-side stats (from /metrics) empty"
 
 
 def test_a_search_says_nothing_but_its_progress(study: Study, engine: FaultEngine, tmp_path: Path) -> None:

@@ -22,9 +22,22 @@ import optuna
 import psutil
 import pytest
 
+from tests.benchmarks.stamp import engine_version
 from tests.faults import procs
-from tests.faults.harness import ROOT, SPACE, Study, lost, run_cli, spawn, states
-from tests.faults.outcomes import FaultRow, record_fault
+from tests.faults.harness import (
+    ROOT,
+    SPACE,
+    Study,
+    exited,
+    lost,
+    measured,
+    reclaimed,
+    recorded_class,
+    run_cli,
+    spawn,
+    states,
+)
+from tests.faults.outcomes import FaultRow, observing
 from tuner.search.scoring import DIRECTIONS
 
 pytestmark = pytest.mark.engine
@@ -68,6 +81,17 @@ def test_vllm_sigkilled_mid_workload_and_the_tuner_sigkilled(tmp_path: Path, mon
     for chunk, seqs in ((1024, 4), (512, 2)):
         params = {"engine": "vllm", "vllm.chunk_size": chunk, "vllm.max_num_seqs": seqs}
         queued.enqueue_trial(params, user_attrs={"config_kind": "sampled"})
+    build = f"vLLM CPU {engine_version('vllm') or 'absent'}"
+    with (
+        observing("SIGKILL-engine-mid-workload", "SIGKILL to vLLM's API server 6 requests into trial 0's "
+                  "measured workload", build) as crash,
+        observing("SIGKILL-tuner-real-engine", "SIGKILL to the tuner 6 requests into trial 2's workload",
+                  build) as kill,
+    ):  # fmt: skip
+        _crash_then_kill(study, flags, tmp_path, crash, kill)
+
+
+def _crash_then_kill(study: Study, flags: list[str], tmp_path: Path, crash: FaultRow, kill: FaultRow) -> None:
     log = tmp_path / "tuner.log"
     proc = spawn(study.search_argv(3), tmp_path, log)
     try:
@@ -77,7 +101,10 @@ def test_vllm_sigkilled_mid_workload_and_the_tuner_sigkilled(tmp_path: Path, mon
         workers = engine.children(recursive=True)
         engine.send_signal(signal.SIGKILL)
         _wait_line(log, "trial   1 score", proc)
-        assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE], "workers cleared"
+        alive = [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+        crash.processes_left = len(alive)  # the crashed server's workers, once the tuner went on to trial 1
+        crash.saw(f"{len(workers) - len(alive)} of the server's {len(workers)} workers gone when trial 1 began")
+        assert not alive, "workers cleared"
         _wait_served(logs / "trial-0002-vllm.log", 2 + 6, proc)
         vllm = [_api_server(), *_api_server().children(recursive=True)]
         assert any("EngineCore" in " ".join(p.cmdline()) or "VLLM" in p.name() for p in vllm[1:]), vllm
@@ -86,25 +113,29 @@ def test_vllm_sigkilled_mid_workload_and_the_tuner_sigkilled(tmp_path: Path, mon
     finally:
         if proc.poll() is None:
             proc.kill()
+    kill.saw(exited(proc.returncode, "", "the tuner"))
     left = procs.left_after(25.0)  # vLLM's own shutdown on SIGTERM, or SIGKILL after the 10 s grace
+    kill.processes_left = len(left)
+    kill.saw(f"of the {len(vllm)} vLLM processes then running (server, EngineCore) {sum(p in vllm for p in left)} left")
     assert not left, [p.cmdline()[:4] for p in left]
     before = study.trials()
+    kill.recorded = reclaimed(before, [], 2)  # trial 2 as the SIGKILL left it; the next search's "then" below
+    if before:
+        crash.recorded = recorded_class(before[0])
+        crash.saw(*measured(before[0]))
     assert states(before) == [("COMPLETE", "crash_on_request"), ("COMPLETE", None), ("RUNNING", None)]
     assert before[0].user_attrs["constraint_violation"] > 0
 
     code, err = run_cli(["search", *flags, "--trials", "3"])
     assert code == 0, err[-3000:]
     after = study.trials()
-    trials_lost = lost(before, after)
-    assert trials_lost == 0 and after[2].state.name == "FAIL"
     new = after[len(before) :]
+    kill.recorded = reclaimed(before, after, 2)
+    kill.saw(f"the next search measured the engine default again: {', '.join(recorded_class(t) for t in new)}")
+    crash.trials_lost = kill.trials_lost = lost(before, after)
+    # the search went on after both faults: it served a new trial, and booted for it (the engine default
+    # is never a twin told without a boot)
+    crash.resumed = kill.resumed = states(new) == [("COMPLETE", None)]
+    assert kill.trials_lost == 0 and after[2].state.name == "FAIL"
     assert states(new) == [("COMPLETE", None)] and new[0].user_attrs["config_kind"] == "engine_default"
     assert new[0].params == before[2].params == {"engine": "vllm"}
-    record_fault(FaultRow("SIGKILL-engine-mid-workload", "SIGKILL to vLLM's API server 6 requests into trial 0's "
-                          "measured workload", "recorded the crash from the failed requests and the dead "
-                          "server, cleared its EngineCore worker, went on", "crash_on_request", 0, trials_lost, True,
-                          "vLLM CPU 0.32"))  # fmt: skip
-    record_fault(FaultRow("SIGKILL-tuner-real-engine", "SIGKILL to the tuner 6 requests into trial 2's workload",
-                          "its reaper stopped vLLM and its EngineCore (SIGTERM, then SIGKILL after 10 s); "
-                          "the next search failed the trial and measured the engine default again",
-                          "RUNNING, then FAIL and retried", len(left), trials_lost, True, "vLLM CPU 0.32"))  # fmt: skip
