@@ -160,6 +160,16 @@ class Tally:
     worked: int = 0
     exit2_one_line: int = 0
     other: list[str] = field(default_factory=list)  # anything else, which fails the property anyway
+    outcome: str = "not finished"  # "passed" or "failed: <the error in one line>"
 
-    def save(self) -> None:
-        _write(f"fuzz-{self.prop}.json", asdict(self))
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[Tally]:
+        """Run the property and its checks inside; the tally is written however they end."""
+        try:
+            yield self
+            self.outcome = "passed"
+        except BaseException as error:
+            self.outcome = f"failed: {first_line(error)}"
+            raise
+        finally:
+            _write(f"fuzz-{self.prop}.json", asdict(self))

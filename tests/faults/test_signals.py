@@ -104,7 +104,8 @@ def test_an_interrupted_engine_default_trial_is_measured_on_resume(
     engine.wait_for("boot")
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    # once under heavy load the tuner died of the signal (-2) instead: the log says where it was
+    assert proc.wait(timeout=60) == 130, (tmp_path / "tuner.log").read_text()[-3000:]
     monkeypatch.setenv("TUNER_FAULT", "ok")
     assert study.search(2)[0] == 0
     defaults = [t for t in study.trials() if t.user_attrs.get("config_kind") == "engine_default"]

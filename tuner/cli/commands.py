@@ -181,7 +181,8 @@ def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
     workload = args.workload or given.get("workload") or study.user_attrs.get("workload")
     if not workload:
         raise ConfigError(f"--study {args.study}: it records no workload; give --workload")
-    return verify_trial(study, args.trial, _capacity_options(args, workload), args.tier, args.duration_s, Progress(),
+    tiers = None if args.tier is None else [args.tier]
+    return verify_trial(study, args.trial, _capacity_options(args, workload), tiers, args.duration_s, Progress(),
                         args.out)  # fmt: skip
 
 

@@ -186,25 +186,33 @@ def verify_winners(
     study: optuna.Study, opts: SearchOptions, tiers: Sequence[str], progress: Progress, work_dir: Path
 ) -> dict[str, Any]:
     """``tuner search --verify``: each tier's winner booted from its recorded launch and checked at its
-    capacity by the engine's own client; the reports go in the study's ``verify`` attribute. A tier
-    that cannot be verified says why there, and the others still run."""
-    reports: dict[str, Any] = {}
-    winners = tier_winners(study, tiers)
-    for tier in tiers:
-        if tier not in winners:
-            reports[tier] = {"error": f"no feasible trial found a {tier} capacity above 0 req/s"}
-            continue
-        number = winners[tier]
+    capacity by the engine's own client; the reports go in the study's ``verify`` attribute. A trial
+    that won several tiers boots once for all of them. A tier that cannot be verified says why there,
+    and the others still run."""
+    found: dict[str, Any] = {}
+    won: dict[int, list[str]] = {}
+    for tier, number in tier_winners(study, tiers).items():
+        won.setdefault(number, []).append(tier)
+    for number, its_tiers in won.items():
         try:
-            reports[tier] = verify_trial(study, number, opts, tier, None, progress, work_dir / f"trial-{number}-{tier}")
+            report = verify_trial(study, number, opts, its_tiers, None, progress, work_dir / f"trial-{number}")
+            found.update({tier: tier_report(report, tier) for tier in its_tiers})
         except TunerError as exc:
-            reports[tier] = {"study": study.study_name, "trial": number, "error": str(exc)}
+            found.update({tier: {"study": study.study_name, "trial": number, "error": str(exc)} for tier in its_tiers})
+    reports = {t: found.get(t) or {"error": f"no feasible trial found a {t} capacity above 0 req/s"} for t in tiers}
     study.set_user_attr("verify", reports)
     for tier, report in reports.items():
         lines = [f"verify {tier}: {report['error']}"] if "error" in report else describe_report(report)
         for line in lines:
             progress.line(line)
     return reports
+
+
+def tier_report(report: Mapping[str, Any], tier: str) -> dict[str, Any]:
+    """The part of a verify report (one boot, several tiers' claims) that judges ``tier``."""
+    runs = [{**run, "tiers": {tier: run["tiers"][tier]}, "goal_met": {tier: run["goal_met"][tier]}}
+            for run in report["runs"] if tier in run["tiers"]]  # fmt: skip
+    return {**report, "claims": {tier: report["claims"][tier]}, "runs": runs}
 
 
 def describe_report(report: Mapping[str, Any]) -> list[str]:
@@ -225,19 +233,19 @@ def describe_report(report: Mapping[str, Any]) -> list[str]:
 
 
 def verify_trial(
-    study: optuna.Study, number: int, opts: SearchOptions, tier: str | None, duration_s: float | None,
+    study: optuna.Study, number: int, opts: SearchOptions, tiers: Sequence[str] | None, duration_s: float | None,
     progress: Progress, work_dir: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Boot the trial's recorded launch on a free port (``ServerProcess``: stopped, its whole group,
-    on any exit), and verify each tier's recorded capacity on it."""
+    on any exit), and verify the recorded capacity of each of ``tiers`` (None: every tier) on it."""
     trial = next((t for t in study.trials if t.number == number), None)
     if trial is None:
         raise ConfigError(f"--trial {number}: study {study.study_name!r} has no such trial")
     claims = trial_claims(trial)
-    if tier is not None:
-        if tier not in claims:
-            raise ConfigError(f"--tier {tier}: trial {number} recorded no {tier} capacity")
-        claims = {tier: claims[tier]}
+    if tiers is not None:
+        if missing := [tier for tier in tiers if tier not in claims]:
+            raise ConfigError(f"--tier {missing[0]}: trial {number} recorded no {missing[0]} capacity")
+        claims = {tier: claims[tier] for tier in tiers}
     try:
         launch = stored_launch(trial)
     except ExportError as exc:

@@ -167,9 +167,9 @@ def test_fuzzed_search_spaces(tmp_path: Path) -> None:
             else:
                 assert str(space) in str(run["err"]) or "--engines" in str(run["err"]), "the line names the file"
 
-    prop()
-    tally.save()
-    assert tally.worked > 5 and tally.exit2_one_line > 20 and not tally.other
+    with tally.kept():
+        prop()
+        assert tally.worked > 5 and tally.exit2_one_line > 20 and not tally.other
 
 
 # --- CLI values --------------------------------------------------------------------------------------
@@ -207,10 +207,10 @@ def test_fuzzed_cli_values(model: Path, tmp_path: Path) -> None:
             if run["code"] == 1:  # a valid search: stopped at the missing engine, nothing started
                 assert "no vllm environment at /nonexistent/env" in str(run["err"])
 
-    prop()
-    tally.save()
-    assert tally.worked > 5 and tally.exit2_one_line > 20
-    assert all("no vllm environment" in line for line in tally.other)
+    with tally.kept():
+        prop()
+        assert tally.worked > 5 and tally.exit2_one_line > 20
+        assert all("no vllm environment" in line for line in tally.other)
 
 
 # --- trace files -------------------------------------------------------------------------------------
@@ -276,9 +276,9 @@ def test_fuzzed_trace_files(model: Path, tmp_path: Path) -> None:
                 assert not out.exists(), "nothing written"
                 assert str(trace) in str(run["err"]) or "--workload" in str(run["err"]), run["err"]
 
-    prop()
-    tally.save()
-    assert tally.worked > 3 and tally.exit2_one_line > 20
+    with tally.kept():
+        prop()
+        assert tally.worked > 3 and tally.exit2_one_line > 20
 
 
 # --- SLO strings -------------------------------------------------------------------------------------
@@ -308,9 +308,9 @@ def test_fuzzed_slo_strings(model: Path) -> None:
 
                 assert all(math.isfinite(v) and v > 0 for v in (parse_slo(slo) if slo else {}).values())
 
-    prop()
-    tally.save()
-    assert tally.exit2_one_line == tally.tried
+    with tally.kept():
+        prop()
+        assert tally.exit2_one_line == tally.tried
 
 
 # --- files that are not text ------------------------------------------------------------------------
@@ -340,9 +340,9 @@ def test_fuzzed_space_files_that_are_not_text(tmp_path: Path) -> None:
             if run["code"] != 0:
                 assert str(space) in str(run["err"]) or "--engines" in str(run["err"]), run["err"]
 
-    prop()
-    tally.save()
-    assert tally.exit2_one_line > 100 and not tally.other
+    with tally.kept():
+        prop()
+        assert tally.exit2_one_line > 100 and not tally.other
 
 
 def test_a_space_file_of_invalid_utf8_is_one_line(tmp_path: Path) -> None:
@@ -354,8 +354,9 @@ def test_a_space_file_of_invalid_utf8_is_one_line(tmp_path: Path) -> None:
 
 # --- every numeric flag, out of its range ------------------------------------------------------------
 
-# Each numeric flag's type and range: a new one must be added here, or test_every_numeric_flag_is_known fails.
-RANGES: dict[str, tuple[type[int] | type[float], Callable[[float], bool]]] = {
+# Each numeric flag's type and range: a new one must be added here, or test_every_numeric_flag_is_known fails
+# (named apart from the space's RANGES above, which the space strategy already took at import).
+FLAG_RANGES: dict[str, tuple[type[int] | type[float], Callable[[float], bool]]] = {
     "--trials": (int, lambda v: v >= 0), "--finalists": (int, lambda v: v >= 0),
     "--repeats": (int, lambda v: v >= 0), "--trial": (int, lambda v: v >= 0),
     "--requests": (int, lambda v: v >= 1), "--concurrency": (int, lambda v: v >= 1),
@@ -389,7 +390,7 @@ def numeric_flags() -> list[tuple[str, str]]:
 
 
 def in_range(flag: str, text: str) -> bool:
-    kind, ok = RANGES[flag]
+    kind, ok = FLAG_RANGES[flag]
     try:
         value = kind(text)
     except ValueError:
@@ -399,7 +400,7 @@ def in_range(flag: str, text: str) -> bool:
 
 def test_every_numeric_flag_is_known() -> None:
     flags = {flag for _, flag in numeric_flags()}
-    assert flags == set(RANGES), f"give these flags a range in RANGES: {sorted(flags - set(RANGES))}"
+    assert flags == set(FLAG_RANGES), f"give these flags a range in FLAG_RANGES: {sorted(flags - set(FLAG_RANGES))}"
     assert {command for command, _ in numeric_flags()} <= set(BASE), "give the command a line in BASE"
 
 
@@ -437,9 +438,9 @@ def test_fuzzed_numeric_flags(model: Path, tmp_path: Path) -> None:
             assert run["code"] == 2 and f"argument {flag}:" in str(run["err"]), (args, run)
         assert not os.listdir(), "nothing written: no study, no storage, no launch file"
 
-    prop()
-    tally.save()
-    assert tally.exit2_one_line > 100
+    with tally.kept():
+        prop()
+        assert tally.exit2_one_line > 100
 
 
 # --- storage URLs of no database's kind --------------------------------------------------------------
@@ -481,9 +482,9 @@ def test_fuzzed_storage_urls_of_unknown_kinds(monkeypatch: pytest.MonkeyPatch) -
             assert "not a database URL" in str(run["err"]) and "s3cret" not in str(run["err"]), run["err"]
         assert not os.listdir(), "nothing written"
 
-    prop()
-    tally.save()
-    assert tally.exit2_one_line == tally.tried > 50
+    with tally.kept():
+        prop()
+        assert tally.exit2_one_line == tally.tried > 50
 
 
 # --- read-only commands on studies that are not there ------------------------------------------------
@@ -508,9 +509,9 @@ def test_fuzzed_reads_of_missing_studies(monkeypatch: pytest.MonkeyPatch, tmp_pa
             assert run["code"] == 2, run
         assert not os.listdir() and not os.listdir(elsewhere), "a command that reads created nothing"
 
-    prop()
-    tally.save()
-    assert tally.exit2_one_line == tally.tried
+    with tally.kept():
+        prop()
+        assert tally.exit2_one_line == tally.tried
 
 
 # --- found by the properties above, in modules this suite does not own ------------------------------
@@ -606,16 +607,16 @@ def _nested(opening: str, depth: int, closed: bool) -> str:
 def test_deeply_nested_spaces_and_traces_are_one_line(model: Path, tmp_path: Path) -> None:
     tally = Tally("deep-nesting")
     space, trace, out = tmp_path / "space.yaml", tmp_path / "trace.jsonl", tmp_path / "requests.jsonl"
-    for nesting in NESTINGS:
-        text = _nested(*nesting)
-        space.write_text("engines: [vllm]\nparameters: " + text + "\n")
-        with judged(tally, ["plan", "--workload", "rag", "--space", str(space), "--n", "1"]) as run:
-            assert run["code"] == 2 and str(space) in str(run["err"]), (nesting, run["err"])
-        trace.write_text('{"prompt": "hi", "extra": ' + text + "}\n")
-        with judged(tally, ["workload", str(trace), "--out", str(out), "--model", str(model)]) as run:
-            assert run["code"] == 2 and str(trace) in str(run["err"]) and not out.exists(), (nesting, run["err"])
-    tally.save()
-    assert tally.exit2_one_line == tally.tried == 2 * len(NESTINGS)
+    with tally.kept():
+        for nesting in NESTINGS:
+            text = _nested(*nesting)
+            space.write_text("engines: [vllm]\nparameters: " + text + "\n")
+            with judged(tally, ["plan", "--workload", "rag", "--space", str(space), "--n", "1"]) as run:
+                assert run["code"] == 2 and str(space) in str(run["err"]), (nesting, run["err"])
+            trace.write_text('{"prompt": "hi", "extra": ' + text + "}\n")
+            with judged(tally, ["workload", str(trace), "--out", str(out), "--model", str(model)]) as run:
+                assert run["code"] == 2 and str(trace) in str(run["err"]) and not out.exists(), (nesting, run["err"])
+        assert tally.exit2_one_line == tally.tried == 2 * len(NESTINGS)
 
 
 def test_files_that_are_not_regular_are_one_line_and_never_read(model: Path, tmp_path: Path) -> None:

@@ -38,15 +38,15 @@ def test_each_tier_gets_its_best_feasible_trial_earliest_on_a_tie() -> None:
 def test_a_tier_nobody_served_is_said_and_the_others_still_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     study = optuna.create_study(directions=["maximize", "maximize"])
     _trial(study, 1.5, 0.0)
-    seen: list[tuple[int, str | None]] = []
+    seen: list[tuple[int, list[str] | None]] = []
 
-    def fake_verify(study: optuna.Study, number: int, opts: SearchOptions, tier: str | None, *rest: Any) -> dict:
-        seen.append((number, tier))
+    def fake_verify(study: optuna.Study, number: int, opts: SearchOptions, tiers: list[str] | None, *rest: Any) -> dict:
+        seen.append((number, tiers))
         raise ConfigError("the client exited 1")  # an error path: the real boot is tested end to end
 
     monkeypatch.setattr(verify_server, "verify_trial", fake_verify)
     reports = verify_winners(study, SearchOptions(workload="rag"), ["interactive", "relaxed"], Progress(), tmp_path)
-    assert seen == [(0, "interactive")]
+    assert seen == [(0, ["interactive"])]
     assert reports == {
         "interactive": {"study": study.study_name, "trial": 0, "error": "the client exited 1"},
         "relaxed": {"error": "no feasible trial found a relaxed capacity above 0 req/s"},
@@ -57,3 +57,32 @@ def test_a_tier_nobody_served_is_said_and_the_others_still_run(monkeypatch: pyte
 def test_verify_needs_a_capacity_objective() -> None:
     with pytest.raises(ConfigError, match="--verify checks capacities"):
         check_capacity_flags(SearchOptions(workload="rag", objective="goodput", verify=True))
+
+
+def _run(rate: float, tiers: list[str]) -> dict[str, Any]:
+    return {"share": 1.0, "rate_req_s": rate, "tiers": {t: {"attainment": 0.95} for t in tiers},
+            "goal_met": {t: True for t in tiers}}  # fmt: skip
+
+
+def test_a_trial_that_won_both_tiers_boots_once_and_each_tier_gets_its_own_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    _trial(study, 2.0, 3.0)  # wins both tiers
+    boots: list[tuple[int, list[str] | None]] = []
+
+    def one_boot(study: optuna.Study, number: int, opts: SearchOptions, tiers: list[str] | None, *rest: Any) -> dict:
+        boots.append((number, tiers))
+        claims = {"interactive": {"rate_req_s": 2.0}, "relaxed": {"rate_req_s": 3.0}}
+        runs = [_run(2.0, ["interactive"]), _run(2.4, ["interactive"]), _run(3.0, ["relaxed"]), _run(3.6, ["relaxed"])]
+        return {"trial": number, "url": "http://x", "claims": claims, "runs": runs}
+
+    monkeypatch.setattr(verify_server, "verify_trial", one_boot)
+    monkeypatch.setattr(verify_server, "describe_report", lambda report: [])
+    reports = verify_winners(study, SearchOptions(workload="rag"), ["interactive", "relaxed"], Progress(), tmp_path)
+    assert boots == [(0, ["interactive", "relaxed"])]
+    assert [r["rate_req_s"] for r in reports["interactive"]["runs"]] == [2.0, 2.4]
+    assert [r["rate_req_s"] for r in reports["relaxed"]["runs"]] == [3.0, 3.6]
+    for tier, report in reports.items():
+        assert set(report["claims"]) == {tier}
+        assert all(set(r["tiers"]) == set(r["goal_met"]) == {tier} for r in report["runs"])
