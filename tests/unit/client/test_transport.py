@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tuner.client.driver import drive, drive_sync
+from tuner.client.driver import REQUEST_TIMEOUT_S, drive, drive_sync
 from tuner.client.sse import send
 from tuner.client.transport import StreamTransport
 from tuner.workloads.base import Request
@@ -205,7 +205,8 @@ def test_server_closing_mid_stream_is_an_error_not_a_hang(server: Server) -> Non
     result = _run(lambda c: drive(c, _url(server, "/cut"), "m", [_request(0), _request(1)], concurrency=1))
     assert [r.error for r in result.records] == ["RemoteProtocolError"] * 2
     assert all(r.first_token_s is not None for r in result.records)  # the first chunk did arrive
-    assert time.perf_counter() - started < 2.0 and server.accepted == 2
+    # a hang would last the request timeout; a quarter of it leaves a busy machine its margin
+    assert time.perf_counter() - started < REQUEST_TIMEOUT_S / 4 and server.accepted == 2
 
 
 def test_http_500_is_recorded_and_its_connection_reused(server: Server) -> None:
