@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the whole test suite (arguments go to pytest). Sets the project up first if needed, and
-# starts a throwaway PostgreSQL on loopback for the storage tests, removed again on exit.
+# Run the whole test suite (arguments go to pytest), its files spread over TUNER_TEST_WORKERS processes
+# (default 4). Sets the project up first if needed, and starts a throwaway PostgreSQL on loopback for the
+# storage tests, removed again on exit.
 #
 # Two tiers of tests need system packages: `postgres` (PostgreSQL's initdb under
 # /usr/lib/postgresql/*/bin) and `browser` (/usr/bin/chromium and /usr/bin/chromedriver). What is
@@ -11,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || [ ! -x "${TUNER_ENGINES_DIR:-.engines}/vllm/bin/python" ] \
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import xdist" 2>/dev/null \
+  || [ ! -x "${TUNER_ENGINES_DIR:-.engines}/vllm/bin/python" ] \
   || { [ "${TUNER_SKIP_SGLANG:-0}" != 1 ] && [ ! -x "${TUNER_ENGINES_DIR:-.engines}/sglang/bin/python" ]; }; then
   scripts/setup.sh
 fi
@@ -61,9 +63,13 @@ if [ ${#packages[@]} -gt 0 ]; then
   fi
 fi
 
+# Test files run in parallel worker processes, each file whole in one worker (its module fixtures, such as
+# a study or a server, are built once): most of the suite waits on engines, sockets and step clocks rather
+# than on the CPU. TUNER_TEST_WORKERS=0 runs in this process alone (as pytest does without -n).
+workers=(-n "${TUNER_TEST_WORKERS:-4}" --dist loadfile)
 if wants postgres; then
   # a throwaway PostgreSQL on loopback for the storage tests (scripts/with-postgres.sh)
-  scripts/with-postgres.sh .venv/bin/python -m pytest "$@"
+  scripts/with-postgres.sh .venv/bin/python -m pytest "${workers[@]}" "$@"
 else
-  .venv/bin/python -m pytest "$@"
+  .venv/bin/python -m pytest "${workers[@]}" "$@"
 fi

@@ -29,6 +29,7 @@ from typing import Any
 import optuna
 
 from tests.benchmarks import _report, _table
+from tuner.measure.capacity import PRUNE_SHARE
 from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.stress import judge as judge_stress
 from tuner.search.grid import grid_points, shuffled
@@ -291,7 +292,7 @@ def _capacity_section(cap: dict[str, Any]) -> list[str]:
         f"{cap['measured']}): every config of `search_spaces/grid-cpu-capacity.yaml` ({truth['size'] - 1} configs "
         f"plus the engine default, {truth['served']} of which served) served once on a fixed ladder of open-loop "
         f"rates {100 * plan['resolution']:g} % apart. A replayed trial runs the tuner's own capacity search "
-        "(`search_capacity`, from the incumbent, with the 0.75 rescue probe and the pruning) and scoring "
+        f"(`search_capacity`, from the incumbent, with the {PRUNE_SHARE:g} rescue probe and the pruning) and scoring "
         "(`score_capacity`); each step it asks for is answered by the ladder's nearest rung, and costs that "
         "rung's recorded time scaled to the asked rate's schedule. A run stops once its best feasible capacity "
         f"is within {100 * CAPACITY_WITHIN:g} % (the search's resolution) of the grid's best, "

@@ -11,6 +11,7 @@ The finalist's last repeat runs the stress check.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -253,13 +255,17 @@ def test_export_is_checked_by_vllm_and_serves(study: optuna.Study, storage: str,
         assert manifest[key] is not None, key
     files = sorted(p for p in tmp_path.iterdir() if p.is_file())
     assert {p.name.split(".", 1)[1] for p in files} == {"sh", "json", "py", "compose.yaml", "k8s.yaml"}
-    checked = tuner("check", *map(str, files))  # every format, through vLLM's own parser, in one run
-    assert checked.returncode == 0, checked.stderr
-    assert checked.stdout.count("accepted by vllm 0.32.0") == len(files)
-    _serve_exported(scripts[0], tmp_path)
+    # the exported script boots while vLLM's parser checks every format: neither waits for the other
+    with _serving_exported(scripts[0], tmp_path) as (proc, base):
+        checked = tuner("check", *map(str, files))  # every format, through vLLM's own parser, in one run
+        assert checked.returncode == 0, checked.stderr
+        assert checked.stdout.count("accepted by vllm 0.32.0") == len(files)
+        _answers(proc, base, tmp_path)
 
 
-def _serve_exported(script: Path, workdir: Path) -> None:
+@contextlib.contextmanager
+def _serving_exported(script: Path, workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """The exported script started on a free port in its own session, stopped (its group) on the way out."""
     port = free_port()
     with (workdir / "exported.log").open("wb") as log:
         proc = subprocess.Popen(
@@ -271,20 +277,7 @@ def _serve_exported(script: Path, workdir: Path) -> None:
             cwd=workdir,
         )
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (workdir / "exported.log").read_text()[-2000:]
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(1)
-        model = httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
-        reply = httpx.post(
-            base + "/v1/completions", timeout=60, json={"model": model, "prompt": "The tuner exports", "max_tokens": 8}
-        ).json()
-        assert reply["usage"]["completion_tokens"] == 8
+        yield proc, f"http://127.0.0.1:{port}"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -292,6 +285,23 @@ def _serve_exported(script: Path, workdir: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _answers(proc: subprocess.Popen[bytes], base: str, workdir: Path) -> None:
+    """The exported server comes up and completes a request."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (workdir / "exported.log").read_text()[-2000:]
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(1)
+    model = httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
+    reply = httpx.post(
+        base + "/v1/completions", timeout=60, json={"model": model, "prompt": "The tuner exports", "max_tokens": 8}
+    ).json()
+    assert reply["usage"]["completion_tokens"] == 8
 
 
 def test_ctrl_c_during_boot_stops_the_engine_and_marks_the_trial_failed(tmp_path: Path) -> None:
