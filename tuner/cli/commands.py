@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli.flags import engine_envs  # cli imported it already: nothing to import late
+from tuner.cli.flags import engine_envs, engine_versions  # cli imported it already: nothing to import late
 from tuner.deploy.export import export_study
 from tuner.deploy.verify import check_files
 from tuner.errors import ConfigError
@@ -188,7 +188,10 @@ def _verify_trial(args: argparse.Namespace) -> dict[str, Any]:
 def plan(args: argparse.Namespace) -> int:
     """`tuner plan`: the exact commands sampled trials would start, one JSON line each; boots nothing."""
     source(args.workload)  # a preset name or a readable trace file
-    rows = make_plan(args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env))
+    rows = make_plan(
+        args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env),
+        engine_versions(args.engine_version), say=lambda line: print(line, file=sys.stderr),
+    )  # fmt: skip
     for row in rows:
         print(json.dumps(row))
     return 0
