@@ -64,18 +64,18 @@ def draft_kind(text: str) -> tuple[str, str]:
 def check_fits(kind: str, path: str, target: str) -> None:
     """Refuse, in one line, a draft or head that cannot serve ``target``."""
     head, served = _config(path, "--draft-model"), _config(target, "--model")
-    label = LABELS.get(kind, kind)
+    label = "a draft model" if kind == DRAFT_MODEL else f"an {LABELS.get(kind, kind)} head"
     vocab, target_vocab = head.get("vocab_size"), served.get("vocab_size")
     if vocab != target_vocab:
         raise ConfigError(
-            f"--draft-model {path}: a {label} of vocabulary {vocab} cannot serve {target} (vocabulary {target_vocab})"
+            f"--draft-model {path}: {label} of vocabulary {vocab} cannot serve {target} (vocabulary {target_vocab})"
         )
     if kind == DRAFT_MODEL:
         return
     hidden = head.get("target_hidden_size") or head.get("hidden_size")
     if hidden != served.get("hidden_size"):
         raise ConfigError(
-            f"--draft-model {path}: a {label} head for hidden size {hidden} cannot serve {target} "
+            f"--draft-model {path}: {label} for hidden size {hidden} cannot serve {target} "
             f"(hidden size {served.get('hidden_size')})"
         )
     drafted = head.get("draft_vocab_size")
