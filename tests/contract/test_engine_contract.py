@@ -90,7 +90,7 @@ CONTRACT_SPACE = {
     "parameters": {
         "chunk_size": {"choices": [512, 2048]},
         "max_num_seqs": {"choices": [4, 16]},
-        "memory_fraction": {"choices": [0.5, 0.9]},
+        "memory_fraction": {"choices": [0.9]},
         "spec_method": {"choices": ["off", "draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]},
         "num_speculative_tokens": {"choices": [1, 3]},
         "ngram_lookup": {"choices": [[1, 3], [2, 5]]},
@@ -136,25 +136,71 @@ def sampled_points(adapter: EngineAdapter, env: EngineEnv, model: ModelSpec) -> 
     return points
 
 
-def _check(adapter: EngineAdapter, env: EngineEnv, model: ModelSpec, points: list[dict[str, Any]]) -> None:
-    launches = []
+Launched = tuple[dict[str, Any], LaunchSpec]
+
+
+def _launches(adapter: EngineAdapter, env: EngineEnv, model: ModelSpec, points: list[dict[str, Any]]) -> list[Launched]:
+    out = []
     for device, params in itertools.product(DEVICES[adapter.name], points):
         config = Config(adapter.name, params, enforce_eager=device.kind == "cpu")
-        launches.append((params, adapter.launch(config, model, device, 8000, env.python, env.version)))
-    verdicts = check_argvs(env, [list(launch.args) for _, launch in launches])
-    rejected = [(p, v["error"]) for (p, _), v in zip(launches, verdicts, strict=True) if not v["ok"]]
-    assert not rejected, f"{len(rejected)} of {len(launches)} rejected by {adapter.name} {env.version}: {rejected[:3]}"
-    for (params, _), verdict in zip(launches, verdicts, strict=True):
+        out.append((params, adapter.launch(config, model, device, 8000, env.python, env.version)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """Every argv of this module through the engine's parser in one run (importing an engine's parser
+    costs tens of seconds): the generated target's points, the MTP target's, and what must be refused."""
+
+    main: list[tuple[dict[str, Any], dict[str, Any]]]
+    mtp: list[tuple[dict[str, Any], dict[str, Any]]]
+    suffix: dict[str, Any] | None  # the verdict on a suffix argv, where the engine has suffix decoding
+    dead: dict[str, Any]  # the verdict on an argv with a flag the engine removed
+
+
+MTP_SPACE = {**CONTRACT_SPACE, "parameters": {
+    **CONTRACT_SPACE["parameters"], "spec_method": {"choices": ["off", "mtp"]},
+    "chunk_size": {"choices": [2048]}, "max_num_seqs": {"choices": [16]},
+}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checked(engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec, mtp_model: ModelSpec) -> Checked:
+    adapter, env = engine
+    main = _launches(
+        adapter, env, model, discrete_points(adapter, env, model) + sampled_points(adapter, env, model) + [{}]
+    )
+    mtp = _launches(adapter, env, mtp_model, discrete_points(adapter, env, mtp_model, Space.model_validate(MTP_SPACE)))
+    device = DEVICES[adapter.name][0]
+    dead_flag = {"vllm": ["--speculative-model", model.drafts["draft-2l"]], "sglang": ["--cuda-graph-max-bs", "8"]}
+    dead = adapter.launch(Config(adapter.name, {}), model, device, 8000, env.python, env.version)
+    extra = [[*dead.args, *dead_flag[adapter.name]]]
+    if "suffix" in adapter.spec_methods:
+        config = Config(adapter.name, {"spec_method": "suffix", "num_speculative_tokens": 3})
+        extra.append(list(adapter.launch(config, model, device, 8000, env.python, env.version).args))
+    verdicts = check_argvs(env, [list(launch.args) for _, launch in main + mtp] + extra)
+    paired = [(params, v) for (params, _), v in zip(main + mtp, verdicts, strict=False)]
+    tail = verdicts[len(main) + len(mtp) :]
+    return Checked(paired[: len(main)], paired[len(main) :], tail[1] if len(tail) > 1 else None, tail[0])
+
+
+SGLANG_ALIASES = {"NEXTN": "EAGLE"}  # SGLang runs MTP through EAGLE
+
+
+def _assert_does_what_it_claims(
+    adapter: EngineAdapter, env: EngineEnv, judged: list[tuple[dict[str, Any], dict[str, Any]]]
+) -> None:
+    rejected = [(p, v["error"]) for p, v in judged if not v["ok"]]
+    assert not rejected, f"{len(rejected)} of {len(judged)} rejected by {adapter.name} {env.version}: {rejected[:3]}"
+    for params, verdict in judged:
         method = method_of(params)
         assert verdict["speculative"] is (method != OFF), (params, verdict)
         if method == OFF:
             continue
         assert verdict["num_speculative_tokens"] == params["num_speculative_tokens"], (params, verdict)
         name = adapter.spec_methods[method].name
-        assert verdict["method"] == SGLANG_ALIASES.get(name, name) if adapter.name == "sglang" else name, (
-            params,
-            verdict,
-        )
+        expected = SGLANG_ALIASES.get(name, name) if adapter.name == "sglang" else name
+        assert verdict["method"] == expected, (params, verdict)
         if adapter.name == "vllm":  # the schedule reaches vLLM's own config exactly, or not at all
             assert verdict["schedule"] == params.get("spec_schedule"), (params, verdict)
         if adapter.name == "sglang" and "spec_tree" in adapter.spec_methods[method].params:
@@ -162,33 +208,26 @@ def _check(adapter: EngineAdapter, env: EngineEnv, model: ModelSpec, points: lis
             assert (verdict["eagle_topk"], verdict["num_draft_tokens"]) == (topk, tokens), (params, verdict)
 
 
-SGLANG_ALIASES = {"NEXTN": "EAGLE"}  # SGLang runs MTP through EAGLE
-
-
 def test_every_argv_is_accepted_and_does_what_the_trial_claims(
-    engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec
+    engine: tuple[EngineAdapter, EngineEnv], checked: Checked
 ) -> None:
     adapter, env = engine
-    points = discrete_points(adapter, env, model) + sampled_points(adapter, env, model) + [{}]
-    methods = {method_of(p) for p in points}
+    methods = {method_of(p) for p, _ in checked.main}
     assert methods >= {OFF, "draft_model", "eagle", "eagle3", "ngram"}, methods
-    _check(adapter, env, model, points)
+    _assert_does_what_it_claims(adapter, env, checked.main)
 
 
-def test_mtp_on_a_target_that_ships_mtp_layers(engine: tuple[EngineAdapter, EngineEnv], mtp_model: ModelSpec) -> None:
+def test_mtp_on_a_target_that_ships_mtp_layers(
+    engine: tuple[EngineAdapter, EngineEnv], mtp_model: ModelSpec, checked: Checked
+) -> None:
     adapter, env = engine
     assert mtp_model.mtp_layers == 1
-    space = Space.model_validate({**CONTRACT_SPACE, "parameters": {
-        **CONTRACT_SPACE["parameters"], "spec_method": {"choices": ["off", "mtp"]},
-        "chunk_size": {"choices": [2048]}, "max_num_seqs": {"choices": [16]}, "memory_fraction": {"choices": [0.9]},
-    }})  # fmt: skip
-    points = discrete_points(adapter, env, mtp_model, space)
-    assert sum(method_of(p) == "mtp" for p in points) >= 2, points
-    _check(adapter, env, mtp_model, points)
+    assert sum(method_of(p) == "mtp" for p, _ in checked.mtp) >= 2, checked.mtp
+    _assert_does_what_it_claims(adapter, env, checked.mtp)
 
 
 def test_what_an_engine_cannot_run_here_is_left_out_and_its_parser_agrees(
-    engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec
+    engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec, checked: Checked
 ) -> None:
     """The left-out lines tell the truth: each method the offer leaves out for the engine itself or
     its environment (not for the model) is one its own parser refuses here."""
@@ -198,13 +237,11 @@ def test_what_an_engine_cannot_run_here_is_left_out_and_its_parser_agrees(
     lacking = [m for m in ("suffix",) if m not in offer.methods]
     assert lacking == ["suffix"], "neither engine's environment here has arctic-inference"
     if "suffix" not in adapter.spec_methods:
-        assert f"{adapter.name} has no suffix decoding" in " ".join(notes)
+        assert f"{adapter.name} has no suffix decoding" in " ".join(notes) and checked.suffix is None
         return
     assert "its environment lacks arctic_inference" in " ".join(notes)
-    launch = adapter.launch(Config(adapter.name, {"spec_method": "suffix", "num_speculative_tokens": 3}), model,
-                            DEVICES[adapter.name][0], 8000, env.python, env.version)  # fmt: skip
-    verdict = check_argvs(env, [list(launch.args)])[0]
-    assert verdict["ok"] is False and "Arctic Inference" in verdict["error"], verdict
+    assert checked.suffix is not None
+    assert checked.suffix["ok"] is False and "Arctic Inference" in checked.suffix["error"], checked.suffix
 
 
 def test_a_launch_file_reads_back_to_the_same_argv(engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec) -> None:
@@ -236,13 +273,9 @@ def test_a_launch_file_reads_back_to_the_same_argv(engine: tuple[EngineAdapter, 
             assert read_python(render_python(manifest, [])) == args
 
 
-def test_a_rejected_flag_fails_the_check(engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec) -> None:
+def test_a_rejected_flag_fails_the_check(checked: Checked) -> None:
     """The suite must fail when an engine stops accepting a flag: show the check can say no."""
-    adapter, env = engine
-    dead = {"vllm": ["--speculative-model", model.drafts["draft-2l"]], "sglang": ["--cuda-graph-max-bs", "8"]}
-    launch = adapter.launch(Config(adapter.name, {}), model, DEVICES[adapter.name][0], 8000, env.python, env.version)
-    verdict = check_argvs(env, [[*launch.args, *dead[adapter.name]]])[0]
-    assert verdict["ok"] is False and verdict["error"]
+    assert checked.dead["ok"] is False and checked.dead["error"]
 
 
 # --- the LaunchSpec, for every adapter, without an engine -------------------------------------------
