@@ -14,7 +14,8 @@
 # recorded (--trials is the study's budget of booted trials, not this run's).
 #
 # The capacity study (issue 18): --objective capacity-pareto (each trial searches the highest
-# Poisson rate meeting the rag preset's interactive and relaxed GPU tiers), both generated drafts,
+# Poisson rate meeting the rag preset's interactive and relaxed GPU tiers), both generated drafts and
+# both generated heads (EAGLE-3, EAGLE; make_models.py writes them beside the drafts),
 # a pool of REQUESTS prompts so the rate steps send distinct prompts, no closed-loop --concurrency.
 # The engines' compile caches (vLLM's torch.compile, inductor, triton, flashinfer/deep_gemm JIT under
 # XDG_CACHE_HOME) live under $STATE/cache, so every trial of a lease after the first of its engine
@@ -73,6 +74,7 @@ ENGINES_FLAG=(); [ -z "${ENGINES_ONLY:-}" ] || ENGINES_FLAG=(--engines "$ENGINES
 log "tuner search --study $NAME --trials $TRIALS --timeout $left --requests ${REQUESTS:-200} --objective ${OBJECTIVE:-capacity-pareto} ${ENGINES_FLAG[*]}"
 PYTHONPATH="$PYDEPS/tuner:$RUN" "$PY" -m tuner search --workload rag --space search_spaces/gpu-h200.yaml \
   --model "$MODELS/target" --draft-model "$MODELS/draft-2l" --draft-model "$MODELS/draft-1l" \
+  --draft-model "$MODELS/eagle3-head" --draft-model "$MODELS/eagle-head" \
   --engine-env "vllm=$ENGINES/vllm" --engine-env "sglang=$ENGINES/sglang" \
   --study "$NAME" --storage "$STORAGE" --objective "${OBJECTIVE:-capacity-pareto}" --requests "${REQUESTS:-200}" \
   --trials "$TRIALS" --finalists "${FINALISTS:-0}" --repeats "${REPEATS:-0}" "${STRESS_FLAG[@]}" "${ENGINES_FLAG[@]}" \

@@ -22,6 +22,7 @@ from tuner.client.driver import RequestRecord
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.env import EngineEnv, probe
 from tuner.engines.models import default_models
+from tuner.engines.speculation import OFF, draft_of, method_of
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.capacity import summarize_step
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity
@@ -29,6 +30,8 @@ from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory,
 from tuner.progress import Quiet
 from tuner.search.memory import estimate, parse_facts
 from tuner.search.pruning import running_values
+from tuner.search.space import Space
+from tuner.search.speculation import Offer, study_offers
 from tuner.workloads.base import Workload
 
 TABLE = ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"
@@ -45,7 +48,23 @@ def load(path: Path = TABLE) -> dict[str, Any]:
 
 
 def key(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True)
+    """A config's params as the tables were recorded, before the method was a parameter: K (0: off)
+    with its draft, or with the model-free method named as the draft."""
+    kept = {k: v for k, v in params.items() if k not in ("spec_method", "num_speculative_tokens", "draft_model")}
+    method = method_of(params)
+    if method != OFF:
+        kept.update(
+            num_speculative_tokens=int(params["num_speculative_tokens"]), draft_model=draft_of(params) or method
+        )
+    elif {"spec_method", "num_speculative_tokens"} & set(params):
+        kept["num_speculative_tokens"] = 0
+    return json.dumps(kept, sort_keys=True)
+
+
+def grid_offers(space: Space, model: ModelSpec, version: str = "0.32.0") -> dict[str, Offer]:
+    """The vLLM CPU build's offer for a benchmark space (every package assumed there)."""
+    p = space.parameters
+    return study_offers(p.methods(), p.named_drafts(), {"vllm": (VllmAdapter(), version, None)}, model)[0]
 
 
 def trial_metrics(rows: list[dict[str, Any]], slo: dict[str, float]) -> dict[str, float]:
@@ -235,7 +254,7 @@ class CapacityTableRunner:
         outcome = search_capacity(measure, self.plan, incumbents, prune)
         outcome.search_s = sum(costs)
         self.search_s += outcome.search_s
-        score_capacity(result, outcome, self.plan, prune, row["since_ready"], row["alive"])
+        score_capacity(result, outcome, self.plan, prune, row["since_ready"], row["alive"], VllmAdapter())
         return result
 
 

@@ -139,7 +139,8 @@ def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, shapes: list[S
            blocks: dict[str, tuple[int, ...]]) -> dict[str, Any]:  # fmt: skip
     truth = bench_search.capacity_truth(table, plan)
     space = load_space(bench_search.CAPACITY_SPACE)
-    context = ModelContext(space, {"vllm": VllmAdapter()}, list(table["model"]["drafts"]), _table.models(table),
+    models = _table.models(table)
+    context = ModelContext(space, {"vllm": VllmAdapter()}, _table.grid_offers(space, models), models,
                            device_of(table), plan, shapes, blocks)  # fmt: skip
 
     def bound(seed: int) -> optuna.samplers.BaseSampler:

@@ -89,7 +89,7 @@ def run_once(name: str, seed: int, objective: str, table: dict[str, Any], truth:
     enqueue_defaults(study, ["vllm"])
     space = load_space(SPACE)
     if name == "grid":
-        for point in shuffled(grid_points(space, ["vllm"], list(table["model"]["drafts"])), seed):
+        for point in shuffled(grid_points(space, _table.grid_offers(space, _table.models(table))), seed):
             study.enqueue_trial(point, user_attrs={"config_kind": "sampled"})
     runner = _table.TableRunner(table["points"], SLO)
     search = SearchObjective(study, space, _table.context(table, SLO), objective, screen, prune, runner)
@@ -131,7 +131,7 @@ def run_capacity_once(name: str, seed: int, table: dict[str, Any], truth: dict[s
         enqueue_defaults(study, ["vllm"])
     space = load_space(CAPACITY_SPACE)
     if name == "grid":
-        for point in shuffled(grid_points(space, ["vllm"], list(table["model"]["drafts"])), seed):
+        for point in shuffled(grid_points(space, _table.grid_offers(space, _table.models(table))), seed):
             study.enqueue_trial(point, user_attrs={"config_kind": "sampled"})
     runner = _table.CapacityTableRunner(table["points"], plan)
     search = SearchObjective(study, space, _table.capacity_context(table, plan), "capacity", screen, prune, runner)

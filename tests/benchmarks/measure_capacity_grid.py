@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from tests.benchmarks import _report
+from tests.benchmarks._table import grid_offers
 from tests.benchmarks.measure_grid import _memory_lines
 from tuner.engines.base import Config
 from tuner.errors import EngineLaunchError
@@ -143,7 +144,7 @@ def measure(out: Path, limit: int | None) -> None:
         "machine": _report.machine(),
         "points": {},
     }  # fmt: skip
-    points = shuffled(grid_points(space, ["vllm"], list(model.drafts)), seed=0) + [{"engine": "vllm"}]
+    points = shuffled(grid_points(space, grid_offers(space, model)), seed=0) + [{"engine": "vllm"}]
     todo = [p for p in points if json.dumps(p, sort_keys=True) not in data["points"]][:limit]
     progress.line(f"capacity grid: {len(points)} configs, {len(data['points'])} done, {len(todo)} to measure now")
     for i, point in enumerate(todo):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmarks import _report
+from tests.benchmarks._table import grid_offers
 from tuner.engines.base import Config
 from tuner.measure.stress import VERSION as STRESS_VERSION
 from tuner.measure.trial import TrialContext, run_trial
@@ -87,7 +88,7 @@ def measure(out: Path, limit: int | None) -> None:
         "points": {},
     }  # fmt: skip
     # the engine default (no tuned flag) last: the baseline every study starts from
-    points = shuffled(grid_points(space, ["vllm"], list(model.drafts)), seed=0) + [{"engine": "vllm"}]
+    points = shuffled(grid_points(space, grid_offers(space, model)), seed=0) + [{"engine": "vllm"}]
     todo = [p for p in points if not _current(data["points"].get(_key(p)))][:limit]
     progress.line(f"grid: {len(points)} configs, {len(data['points'])} done, {len(todo)} to measure now")
     for i, point in enumerate(todo):

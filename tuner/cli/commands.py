@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli.flags import engine_envs  # cli imported it already: nothing to import late
+from tuner.cli.flags import engine_envs, engine_versions  # cli imported it already: nothing to import late
 from tuner.deploy.export import export_study
 from tuner.deploy.verify import check_files
 from tuner.errors import ConfigError
@@ -192,8 +192,10 @@ def plan(args: argparse.Namespace) -> int:
     study = None
     if args.study is not None:  # its trials rank the plan by predicted capacity
         study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
-    envs = engine_envs(args.engine_env)
-    rows = make_plan(args.space, args.engines, args.n, args.seed, args.model, args.drafts, envs, study)
+    rows = make_plan(
+        args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env),
+        study, engine_versions(args.engine_version), say=lambda line: print(line, file=sys.stderr),
+    )  # fmt: skip
     for row in rows:
         print(json.dumps(row))
     return 0

@@ -30,14 +30,18 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
-def engine_envs(values: list[str]) -> dict[str, str]:
+def engine_envs(values: list[str], flag: str = "--engine-env", what: str = "PATH") -> dict[str, str]:
     envs = {}
     for value in values:
         engine, sep, path = value.partition("=")
         if not sep or not engine or not path:
-            raise ConfigError(f"--engine-env {value!r}: expected ENGINE=PATH")
+            raise ConfigError(f"{flag} {value!r}: expected ENGINE={what}")
         envs[engine] = path
     return envs
+
+
+def engine_versions(values: list[str]) -> dict[str, str]:
+    return engine_envs(values, "--engine-version", "VERSION")
 
 
 def _number(value: str) -> float:
@@ -150,7 +154,10 @@ def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
     if not worker:
         s.add_argument("--gpu-price", type=_above_zero, metavar="USD_PER_GPU_HOUR", help=PRICE_HELP)
     s.add_argument("--model")
-    s.add_argument("--draft-model", action="append", default=[], dest="drafts")
+    s.add_argument(
+        "--draft-model", action="append", default=[], dest="drafts", metavar="[KIND:]PATH",
+        help="a draft model, or a head (KIND eagle or eagle3: read from its config.json when not given)",
+    )  # fmt: skip
     s.add_argument("--seed", type=_seed, default=None if worker else 0)
     s.add_argument(
         "--requests",
@@ -250,10 +257,14 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=_at_least(1), default=10)
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--model")
-    p.add_argument("--draft-model", action="append", default=[], dest="drafts")
+    p.add_argument("--draft-model", action="append", default=[], dest="drafts", metavar="[KIND:]PATH")
     p.add_argument("--engine-env", action="append", default=[], metavar="ENGINE=PATH")
     p.add_argument("--study", help="a capacity study whose trials rank the planned configs by predicted capacity")
     p.add_argument("--storage", help="the study's storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)")
+    p.add_argument(
+        "--engine-version", action="append", default=[], metavar="ENGINE=VERSION",
+        help="plan for this supported version of the engine (default: the one installed, else the newest)",
+    )  # fmt: skip
 
 
 def _drive_flags(r: argparse.ArgumentParser) -> None:

@@ -154,8 +154,8 @@ def export_study(
     formats: list[str] | None = None,
 ) -> list[Path]:
     """Check every selected trial's argv with its engine's parser, then write its launch files:
-    ``formats`` (sh, compose, k8s, python, json), by default ``sh`` and ``json``, plus ``python`` for
-    SGLang, whose users launch from Python as often as from a shell."""
+    ``formats`` (sh, compose, k8s, python, json), by default the engine's own (its adapter's
+    ``export_formats``)."""
 
     manifests = [manifest(study, t) for t in select_trials(study, numbers)]
     for engine in sorted({m["engine"] for m in manifests}):
@@ -168,7 +168,7 @@ def export_study(
     files: list[tuple[Path, str]] = []
     for m in manifests:  # render every file first: a failure must leave no half-written export
         stem = out_dir / safe_stem(m["study"], m["trial"])
-        chosen = formats or ["sh", "json", *(["python"] if m["engine"] == "sglang" else [])]
+        chosen = formats or list(ADAPTERS[m["engine"]]().export_formats)
         for fmt in dict.fromkeys(chosen):
             suffix, render = RENDERERS[fmt]
             files.append((stem.with_name(stem.name + suffix), render(m)))

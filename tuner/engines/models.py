@@ -1,7 +1,8 @@
 """The embedded default models, generated once into a cache, and user-given models.
 
-With no ``--model``, the tuner generates a small Llama-architecture target and two drafts that
-share its tokenizer (see ``tuner/engines/scripts/make_models.py`` for why they agree). Generation runs in
+With no ``--model``, the tuner generates a small Llama-architecture target, two drafts that share
+its tokenizer (see ``tuner/engines/scripts/make_models.py`` for why they agree) and an EAGLE-3 and an
+EAGLE head for it. Generation runs in
 the engine environment's Python, which has torch and transformers; the tuner never imports them.
 The cache key hashes the generator and the corpus, so a changed recipe makes new models.
 """
@@ -15,13 +16,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tuner.engines.base import ModelSpec
+from tuner.engines.base import SCRIPTS, ModelSpec
+from tuner.engines.drafts import check_fits, draft_kind, mtp_layers
 from tuner.errors import ConfigError, EnvironmentSetupError
 
-SCRIPTS = Path(__file__).parent / "scripts"  # run by each engine's own Python, never imported
 GENERATOR = SCRIPTS / "make_models.py"
 CORPUS = Path(__file__).parent.parent / "workloads" / "corpus.txt"
 DRAFT_NAMES = ("draft-2l", "draft-1l")
+HEADS = {"eagle3-head": "eagle3", "eagle-head": "eagle"}  # the generated heads, by the method each serves
 
 
 def cache_dir() -> Path:
@@ -36,8 +38,8 @@ def _recipe_key() -> str:
 def default_model_paths(max_model_len: int) -> ModelSpec:
     """Where the default target and drafts are (or will be once generated)."""
     root = cache_dir() / "models" / _recipe_key()
-    drafts = {name: str(root / name) for name in DRAFT_NAMES}
-    return ModelSpec(path=str(root / "target"), drafts=drafts, max_model_len=max_model_len)
+    drafts = {name: str(root / name) for name in (*DRAFT_NAMES, *HEADS)}
+    return ModelSpec(path=str(root / "target"), drafts=drafts, max_model_len=max_model_len, draft_kinds=dict(HEADS))
 
 
 def default_models(engine_python: str, max_model_len: int) -> ModelSpec:
@@ -63,13 +65,16 @@ def default_models(engine_python: str, max_model_len: int) -> ModelSpec:
 
 
 def user_models(model: str, drafts: list[str], max_model_len: int, load_format: str | None = None) -> ModelSpec:
-    """A model folder the user gave, with drafts named after their folders."""
+    """A model folder the user gave, with drafts and heads named after their folders (``--draft-model
+    [KIND:]PATH``), each of a kind read from its files and checked against the target
+    (``tuner.engines.drafts``), before anything boots."""
     config = Path(model) / "config.json"
     if not config.exists():
         raise ConfigError(f"--model {model}: no config.json there")
     context = json.loads(config.read_text()).get("max_position_embeddings", max_model_len)
-    named = {Path(d).name: d for d in drafts}
-    for path in named.values():
-        if not (Path(path) / "config.json").exists():
-            raise ConfigError(f"--draft-model {path}: no config.json there")
-    return ModelSpec(model, named, min(max_model_len, int(context)), load_format)
+    named, kinds = {}, {}
+    for text in drafts:
+        kind, path = draft_kind(text)
+        check_fits(kind, path, model)
+        named[Path(path).name], kinds[Path(path).name] = path, kind
+    return ModelSpec(model, named, min(max_model_len, int(context)), load_format, kinds, mtp_layers(model))

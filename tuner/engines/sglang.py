@@ -6,15 +6,24 @@ Parameter → flag mapping:
 * ``memory_fraction`` → ``--mem-fraction-static F``
 * ``max_num_seqs`` → ``--max-running-requests N``
 * ``tensor_parallel`` → ``--tp-size N``
-* ``num_speculative_tokens`` K > 0 with a draft model → ``--speculative-algorithm STANDALONE
-  --speculative-draft-model-path PATH --speculative-num-steps K --speculative-eagle-topk 1
-  --speculative-num-draft-tokens K+1``. K is the number of draft steps, as in vLLM; with top-k 1
-  the draft tree is a chain, so it verifies K+1 tokens (SGLang's own rule for topk 1). The
+* speculation (``tuner.engines.speculation``), K > 0 → ``--speculative-algorithm A`` with SGLang's
+  name for the method (``SPEC_METHODS``: the same in 0.5.17 and 0.5.23, read in each version's
+  ``server_args.py`` and ``speculative/spec_info.py``; suffix decoding is not among them). The
   algorithm is always given: a draft path without it starts with speculation silently off.
-* draft ``ngram`` → ``--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 1
-  --speculative-num-draft-tokens K``: n-gram lookup in the prompt, no draft model. Breadth 1 makes
-  the proposal a chain of K tokens, as vLLM's ``ngram`` with K speculative tokens (left at its
-  default of 10, SGLang would overwrite top-k and derive steps = draft tokens // 10).
+
+  * ``draft_model`` (STANDALONE), ``eagle`` (EAGLE), ``eagle3`` (EAGLE3), ``mtp`` (NEXTN, which
+    SGLang runs through EAGLE) → ``--speculative-draft-model-path PATH`` (the draft's or head's
+    folder; for MTP the target's own, where its MTP layers are) with the three tree flags always
+    together (SGLang derives the missing ones, or fails on a bare assert): ``--speculative-num-steps
+    K --speculative-eagle-topk T --speculative-num-draft-tokens D``. K is the number of draft steps,
+    as in vLLM. ``spec_tree`` [T, D] sets the tree; without it, or with T = 1, the tree is a chain
+    and D = K + 1 (SGLang's own rule for top-k 1). A wider tree proposes T + (K - 1) x T x T
+    candidates, from which it keeps D - 1 (``organize_draft_results`` of 0.5.23's
+    ``eagle_utils.py``), so D is capped at that + 1.
+  * ``ngram`` (NGRAM) → ``--speculative-ngram-max-bfs-breadth 1 --speculative-num-draft-tokens K``:
+    n-gram lookup in the prompt, no model. Breadth 1 makes the proposal a chain of K tokens, as
+    vLLM's ``ngram`` with K speculative tokens (left at its default of 10, SGLang would overwrite
+    top-k and derive steps = draft tokens // 10).
 
 ``--enable-metrics`` is always on (``/metrics`` exists only then). Readiness is
 ``/health_generate``, which answers 200 only once a generation ran.
@@ -30,9 +39,11 @@ times, so its rows carry no send times (``BenchRows.timed`` False).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from tuner.engines.base import (
+    SCRIPTS,
     BenchRows,
     Config,
     Device,
@@ -43,7 +54,32 @@ from tuner.engines.base import (
     sharegpt_dataset,
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
+from tuner.engines.speculation import OFF, WITH_DRAFT, WITH_TARGET_LAYERS, SpecSupport, draft_of, method_of
 from tuner.errors import EnvironmentSetupError
+
+_TREE = ("spec_tree",)  # the EAGLE family's draft tree: top-k and draft tokens, K being the steps
+SPEC_METHODS = MappingProxyType({
+    "draft_model": SpecSupport("STANDALONE", _TREE),
+    "eagle": SpecSupport("EAGLE", _TREE),
+    "eagle3": SpecSupport("EAGLE3", _TREE),
+    "mtp": SpecSupport("NEXTN", _TREE),
+    "ngram": SpecSupport("NGRAM"),
+})  # fmt: skip
+# Failure signatures: SGLang's own log lines (tests/data/captures), most specific first.
+SIGNATURES: tuple[tuple[str, str], ...] = (
+    (r"Loaded weights leave no GPU memory for the KV cache", "kv_insufficient"),  # 0.5.17
+    (r"Not enough memory\. Please try to increase --mem-fraction-static", "kv_insufficient"),  # 0.5.23
+    (r"Capture cuda graph failed", "oom_boot"),
+)
+
+
+def tree(k: int, given: Sequence[int] | None) -> tuple[int, int]:
+    """Top-k and draft tokens of the draft tree for K steps: a chain of K + 1 without ``given`` or at
+    top-k 1, else the draft tokens given, capped at what K steps of that top-k propose, plus one."""
+    if not given or int(given[0]) <= 1:
+        return 1, k + 1
+    topk = int(given[0])
+    return topk, max(2, min(int(given[1]), topk + (k - 1) * topk * topk + 1))
 
 
 class SglangAdapter(EngineAdapter):
@@ -55,7 +91,11 @@ class SglangAdapter(EngineAdapter):
     default_port = 30000
     health_path = "/health_generate"
     ready_line = "The server is fired up and ready to roll!"
-    model_free_drafts = ("ngram",)  # NGRAM: proposals from the prompt itself
+    spec_methods = SPEC_METHODS
+    check_script = str(SCRIPTS / "check_sglang.py")
+    failure_signatures = SIGNATURES
+    export_formats = ("sh", "json", "python")  # SGLang's users launch from Python as often as from a shell
+    runtime_class = "sglang.Runtime"
     reset_cache_path = "/flush_cache"
     # SGLang answers 400 ("Cache not flushed because there are pending requests") until the
     # requests it is running or queueing are gone, such as those of a step the tuner cut short.
@@ -115,27 +155,24 @@ class SglangAdapter(EngineAdapter):
             flags += ["--max-running-requests", str(params["max_num_seqs"])]
         if "tensor_parallel" in params:
             flags += ["--tp-size", str(params["tensor_parallel"])]
-        k = int(params.get("num_speculative_tokens", 0))
-        if k > 0:
-            flags += self._spec_flags(k, str(params.get("draft_model", "")), model)
+        if method_of(params) != OFF:
+            flags += self._spec_flags(params, model)
         return flags
 
-    @staticmethod
-    def _spec_flags(k: int, draft: str, model: ModelSpec) -> list[str]:
-        if draft == "ngram":
-            # Breadth 1 makes the n-gram proposal a chain: SGLang then sets steps = draft tokens = K.
-            return [
-                "--speculative-algorithm", "NGRAM",
-                "--speculative-ngram-max-bfs-breadth", "1",
-                "--speculative-num-draft-tokens", str(k),
-            ]  # fmt: skip
-        return [
-            "--speculative-algorithm", "STANDALONE",
-            "--speculative-draft-model-path", model.draft_path(draft),
-            "--speculative-num-steps", str(k),
-            "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(k + 1),
-        ]  # fmt: skip
+    def _spec_flags(self, params: Mapping[str, Any], model: ModelSpec) -> list[str]:
+        method, k = method_of(params), int(params["num_speculative_tokens"])
+        support = self.spec_methods[method]
+        flags = ["--speculative-algorithm", support.name]
+        if "spec_tree" not in support.params:
+            # n-gram: breadth 1 makes the proposal a chain, SGLang then sets steps = draft tokens = K
+            return [*flags, "--speculative-ngram-max-bfs-breadth", "1", "--speculative-num-draft-tokens", str(k)]
+        if method in WITH_DRAFT:
+            flags += ["--speculative-draft-model-path", model.draft_path(draft_of(params) or "")]
+        elif method in WITH_TARGET_LAYERS:
+            flags += ["--speculative-draft-model-path", model.path]
+        topk, tokens = tree(k, params.get("spec_tree"))
+        return [*flags, "--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk),
+                "--speculative-num-draft-tokens", str(tokens)]  # fmt: skip
 
     def server_stats(self, before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float | None]:
         def gauge(name: str) -> float | None:

@@ -6,12 +6,21 @@ only once its own parser has checked our commands, as ``tuner check`` and the co
 * ``chunk_size`` → ``--enable-chunked-prefill --max-num-batched-tokens N``
 * ``max_num_seqs`` → ``--max-num-seqs N``
 * ``tensor_parallel`` → ``--tensor-parallel-size N``
-* ``spec_schedule`` (with K > 0) → ``"num_speculative_tokens_per_batch_size": [[first, last, K], ...]``
-  in the same JSON (vLLM 0.26+)
-* ``num_speculative_tokens`` K > 0 with ``draft_model`` D → ``--speculative-config`` JSON
-  ``{"model": path, "num_speculative_tokens": K, "method": "draft_model"}``, or
-  ``{"method": "ngram", ...}`` when D is ``ngram``. The ``--speculative-model`` flag was removed
-  in 0.8.3 and is never emitted.
+* speculation (``tuner.engines.speculation``), K > 0 → one ``--speculative-config`` JSON object,
+  ``{"method": M, "num_speculative_tokens": K, ...}``, where M is vLLM's name for the method
+  (``SPEC_METHODS``: the same six names in 0.26 and 0.32, read in each version's
+  ``vllm/config/speculative.py``) and:
+
+  * ``draft_model``, ``eagle``, ``eagle3``: ``"model"``, the draft's or head's folder;
+  * ``mtp``: no model, vLLM reads the target's own MTP layers;
+  * ``ngram``: ``ngram_lookup`` [min, max] → ``"prompt_lookup_min"``, ``"prompt_lookup_max"``
+    (left out, vLLM's own window applies);
+  * ``suffix``: K is the most it proposes; needs the ``arctic_inference`` package in the engine's
+    environment, which neither vLLM build installs (its config refuses suffix without it);
+  * ``spec_schedule`` → ``"num_speculative_tokens_per_batch_size": [[first, last, K], ...]``
+    (vLLM 0.26+), for every method but suffix, which sizes its own proposals.
+
+  The ``--speculative-model`` flag was removed in 0.8.3 and is never emitted.
 * ``memory_fraction`` f → ``--gpu-memory-utilization f`` on a GPU. On the CPU build the same
   constraint is exercised on a memory budget B: ``--kv-cache-memory-bytes f·B``, so a small f
   fails at boot exactly as a small utilisation fails on a GPU ("KV cache is needed, which is
@@ -21,9 +30,10 @@ only once its own parser has checked our commands, as ``tuner check`` and the co
 Draft slots: vLLM reserves the drafting's extra scheduling slots per request out of
 ``--max-num-batched-tokens`` and refuses at start a config left with no token to schedule
 (``draft_slots_signature``). A draft model drafting one token at a time takes one slot per request
-whatever K and whichever draft; n-gram lookup takes none (``max_num_new_slots_for_drafting`` of
-0.32's ``SpeculativeConfig``). 0.26 reserves them for every sequence: on the H200 it refused a draft
-model at chunk 1024 at K = 1 as at K = 2, and left 1024 of chunk 2048 to schedule at every K.
+whatever K and whichever draft; EAGLE, EAGLE-3, MTP and n-gram lookup take none
+(``max_num_new_slots_for_drafting`` of 0.32's ``SpeculativeConfig``). 0.26 reserves them for every
+sequence: on the H200 it refused a draft model at chunk 1024 at K = 1 as at K = 2, and left 1024 of
+chunk 2048 to schedule at every K.
 
 Benchmark client (``tuner verify``): ``vllm bench serve``, run as ``vllm.benchmarks.serve``'s own
 parser and main from the engine's Python (the ``vllm`` console script fails in the CPU build), on a
@@ -42,6 +52,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tuner.engines.base import (
+    SCRIPTS,
     BenchRows,
     Config,
     Device,
@@ -53,8 +64,33 @@ from tuner.engines.base import (
     sharegpt_dataset,
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
+from tuner.engines.speculation import OFF, WITH_DRAFT, SpecSupport, draft_of, method_of
 
 VLLM_DEFAULT_MEMORY_FRACTION = 0.92
+_FIXED_K = ("spec_schedule",)  # every method with a fixed K takes vLLM's K-by-batch-size schedule
+SPEC_METHODS = MappingProxyType({
+    "draft_model": SpecSupport("draft_model", _FIXED_K, draft_slots=1),
+    "eagle": SpecSupport("eagle", _FIXED_K, draft_slots=0),
+    "eagle3": SpecSupport("eagle3", _FIXED_K, draft_slots=0),
+    "mtp": SpecSupport("mtp", _FIXED_K, draft_slots=0),
+    "ngram": SpecSupport("ngram", ("ngram_lookup", *_FIXED_K), draft_slots=0),
+    "suffix": SpecSupport(
+        "suffix", module="arctic_inference", install="pip install arctic-inference in the engine's environment",
+        draft_slots=0,
+    ),
+})  # fmt: skip
+# Failure signatures: vLLM's own log lines (tests/data/captures), most specific first.
+SIGNATURES: tuple[tuple[str, str], ...] = (
+    # 0.26's config validation on an H200: chunk 512 leaves no room for K=4 draft tokens; the same
+    # words with a positive count are only a warning on a server that boots
+    (r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings", "invalid_config"),
+    (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
+    (r"No available memory for the cache blocks", "kv_insufficient"),
+    (r"on kv cache allocation is less than requested memory", "oom_boot"),
+    (r"Free memory on device .* is less than desired", "oom_boot"),
+    (r"on startup is less than desired CPU memory utilization", "oom_boot"),  # the CPU build
+    (r"Failed to load model - not enough GPU memory", "oom_boot"),
+)
 # ``vllm bench serve`` through its module's own parser: ``python -c BENCH_SERVE [flags]``
 # vLLM's own client, with its ShareGPT reader told two things of the tuner's file: every entry is
 # kept, in order (its is_valid_sequence filter drops prompts over 1024 tokens, a rule kept from its old
@@ -95,12 +131,14 @@ class VllmAdapter(EngineAdapter):
     health_path = "/health"
     ttft_histogram = "vllm:time_to_first_token_seconds"
     waiting_gauge = "vllm:num_requests_waiting"
-    model_free_drafts = ("ngram",)  # prompt lookup: proposals from the prompt itself
+    spec_methods = SPEC_METHODS
+    check_script = str(SCRIPTS / "check_vllm.py")
+    failure_signatures = SIGNATURES
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
     measuring_env = MappingProxyType({"VLLM_SERVER_DEV_MODE": "1"})
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION
     # the refusal's count is 0; the same words with a positive count are only a warning on a server that boots
-    draft_slots_signature = r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
+    draft_slots_signature = SIGNATURES[0][0]
 
     bench_module = "vllm.benchmarks.serve"
     bench_own_output_lens = True  # BENCH_SERVE reads each entry's output_tokens
@@ -130,11 +168,6 @@ class VllmAdapter(EngineAdapter):
     def kv_tokens_required(self, model: ModelSpec) -> int:
         # "To serve at least one request with the model's max seq len": vLLM refuses to start below it
         return model.max_model_len
-
-    def draft_slots(self, params: Mapping[str, Any]) -> int | None:
-        if not int(params.get("num_speculative_tokens") or 0) or params.get("draft_model") in self.model_free_drafts:
-            return 0
-        return 1
 
     def scheduler_limits(self, params: Mapping[str, Any], device: Device) -> SchedulerLimits:
         # the OpenAI server's defaults where a flag is not given (EngineArgs.get_batch_defaults, 0.26
@@ -184,19 +217,19 @@ class VllmAdapter(EngineAdapter):
             flags += ["--kv-cache-memory-bytes", str(int(fraction * device.memory_bytes))]
         elif "memory_fraction" in params:
             flags += ["--gpu-memory-utilization", f"{fraction:g}"]
-        k = int(params.get("num_speculative_tokens", 0))
-        if k > 0:
-            flags += ["--speculative-config", json.dumps(self._spec_config(k, params, model))]
+        if method_of(params) != OFF:
+            flags += ["--speculative-config", json.dumps(self._spec_config(params, model))]
         return flags
 
-    @staticmethod
-    def _spec_config(k: int, params: Mapping[str, Any], model: ModelSpec) -> dict[str, Any]:
-        draft = str(params.get("draft_model", ""))
-        if draft == "ngram":
-            spec: dict[str, Any] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
-        else:
-            spec = {"model": model.draft_path(draft), "num_speculative_tokens": k, "method": "draft_model"}
-        if params.get("spec_schedule"):  # vLLM 0.26+: K by batch size, [first, last, K] ranges
+    def _spec_config(self, params: Mapping[str, Any], model: ModelSpec) -> dict[str, Any]:
+        method = method_of(params)
+        support = self.spec_methods[method]
+        # the key order of the commands trials have always run: model, tokens, method
+        spec: dict[str, Any] = {"model": model.draft_path(draft_of(params) or "")} if method in WITH_DRAFT else {}
+        spec.update(num_speculative_tokens=int(params["num_speculative_tokens"]), method=support.name)
+        if "ngram_lookup" in support.params and params.get("ngram_lookup"):
+            spec["prompt_lookup_min"], spec["prompt_lookup_max"] = (int(n) for n in params["ngram_lookup"])
+        if "spec_schedule" in support.params and params.get("spec_schedule"):  # [first, last, K] ranges
             spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in params["spec_schedule"]]
         return spec
 

@@ -15,53 +15,51 @@ Classes (stored on the trial as the ``failure`` user attribute; ``None`` means i
                     retry on a fresh port (``tuner.measure.process``): the machine's fault, not the config's
 =================== =====================================================================
 
-Signatures are the engines' own messages (../shared/reference/engines.md and the real logs in
-tests/data/captures); the first match wins, so the more specific come first.
+Signatures are the engines' own messages, each held by its adapter (``EngineAdapter.failure_signatures``,
+read from ../shared/reference/engines.md and the real logs in tests/data/captures), then the ones
+any engine's log may show (``COMMON``: Python's argument parser, torch, the operating system). The
+first match wins, so the more specific come first.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 
-from tuner.engines.vllm import VllmAdapter
+from tuner.engines.base import EngineAdapter
 
 OOM_CLASSES = frozenset({"oom_boot", "kv_insufficient", "oom_load"})
 
-# (regex, class) pairs, most specific first. Matched against the log text of one phase.
-SIGNATURES: tuple[tuple[str, str], ...] = (
-    (r"unrecognized arguments|invalid choice|ambiguous option|^usage: ", "invalid_config"),
-    # vLLM 0.26's config validation on an H200: chunk 512 leaves no room for K=4 draft tokens
-    (VllmAdapter.draft_slots_signature, "invalid_config"),
-    (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
-    (r"No available memory for the cache blocks", "kv_insufficient"),
-    (r"Loaded weights leave no GPU memory for the KV cache", "kv_insufficient"),  # SGLang 0.5.17
-    (r"Not enough memory\. Please try to increase --mem-fraction-static", "kv_insufficient"),  # 0.5.23
-    (r"on kv cache allocation is less than requested memory", "oom_boot"),
-    (r"Free memory on device .* is less than desired", "oom_boot"),
-    (r"on startup is less than desired CPU memory utilization", "oom_boot"),  # vLLM CPU build
-    (r"Failed to load model - not enough GPU memory", "oom_boot"),
-    (r"Capture cuda graph failed", "oom_boot"),
+# (regex, class) pairs that no engine owns, matched after the engine's own
+COMMON: tuple[tuple[str, str], ...] = (
+    (r"unrecognized arguments|invalid choice|ambiguous option|^usage: ", "invalid_config"),  # argparse
     (r"CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError", "oom_boot"),
     # vLLM binds early ("[Errno 98] Address already in use"), SGLang's uvicorn late ("... address already in use")
     (r"(?i)address already in use", "port_in_use"),
 )
-_COMPILED = tuple((re.compile(p, re.MULTILINE), c) for p, c in SIGNATURES)
 
 
-def match_signature(log_text: str) -> str | None:
-    """The failure class whose signature appears in ``log_text``, or None."""
-    for pattern, failure in _COMPILED:
+@functools.cache
+def _compiled(signatures: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    return tuple((re.compile(p, re.MULTILINE), c) for p, c in signatures)
+
+
+def match_signature(log_text: str, adapter: EngineAdapter | None) -> str | None:
+    """The failure class whose signature (``adapter``'s own, then ``COMMON``) appears in ``log_text``,
+    or None. Without an adapter (an engine not known) only ``COMMON`` is matched."""
+    own = adapter.failure_signatures if adapter is not None else ()
+    for pattern, failure in _compiled((*own, *COMMON)):
         if pattern.search(log_text):
             return failure
     return None
 
 
-def classify_boot(log_text: str, returncode: int | None, timed_out: bool) -> str:
-    """Why a server never became ready. ``returncode`` is None while it still runs."""
+def classify_boot(log_text: str, returncode: int | None, timed_out: bool, adapter: EngineAdapter | None) -> str:
+    """Why ``adapter``'s server never became ready. ``returncode`` is None while it still runs."""
     if timed_out and returncode is None:
         return "boot_timeout"
-    found = match_signature(log_text)
+    found = match_signature(log_text, adapter)
     if found is not None:
         return found
     if returncode == 2:
@@ -71,11 +69,13 @@ def classify_boot(log_text: str, returncode: int | None, timed_out: bool) -> str
     return "boot_timeout" if timed_out else "engine_died"
 
 
-def classify_serve(log_since_ready: str, alive: bool, error_rate: float, max_error_rate: float) -> str | None:
-    """Why a server that booted failed its workload, or None when it served within bounds."""
+def classify_serve(
+    log_since_ready: str, alive: bool, error_rate: float, max_error_rate: float, adapter: EngineAdapter | None
+) -> str | None:
+    """Why ``adapter``'s server that booted failed its workload, or None when it served within bounds."""
     if not alive:
-        found = match_signature(log_since_ready)
+        found = match_signature(log_since_ready, adapter)
         return "oom_load" if found in OOM_CLASSES else "crash_on_request"
     if error_rate > max_error_rate:
-        return "oom_load" if match_signature(log_since_ready) in OOM_CLASSES else "request_errors"
+        return "oom_load" if match_signature(log_since_ready, adapter) in OOM_CLASSES else "request_errors"
     return None

@@ -36,7 +36,8 @@ from types import TracebackType
 import httpx
 import psutil
 
-from tuner.engines.base import LaunchSpec
+from tuner.engines import ADAPTERS
+from tuner.engines.base import EngineAdapter, LaunchSpec
 from tuner.errors import EngineLaunchError, TunerError
 from tuner.measure import reaper
 from tuner.measure.failures import classify_boot, match_signature
@@ -59,6 +60,12 @@ class ServerProcess:
         self._tree: dict[int, psutil.Process] = {}
         self._log_start = 0  # where this boot's lines begin (a retried boot appends)
         self._rebound = False
+
+    @property
+    def adapter(self) -> EngineAdapter | None:
+        """The adapter of the engine it runs, whose log lines tell why a boot failed (None: not registered)."""
+        found = ADAPTERS.get(self.spec.engine)
+        return found() if found is not None else None
 
     def __enter__(self) -> ServerProcess:
         new_log(self.log_path)
@@ -133,7 +140,8 @@ class ServerProcess:
         raise AssertionError("unreachable")
 
     def _port_taken(self) -> bool:
-        return match_signature(tail(self.log_path, max_lines=400, start=self._log_start)) == "port_in_use"
+        log = tail(self.log_path, max_lines=400, start=self._log_start)
+        return match_signature(log, self.adapter) == "port_in_use"
 
     def _rebind(self) -> None:
         """Someone took the port between ``free_port()`` and the engine's bind: boot once more elsewhere."""
@@ -154,7 +162,7 @@ class ServerProcess:
     def _fail(self, timed_out: bool) -> None:
         code = self.returncode()
         log = tail(self.log_path, max_lines=400, start=self._log_start)
-        failure = classify_boot(log, code, timed_out)
+        failure = classify_boot(log, code, timed_out, self.adapter)
         what = "not ready before the deadline" if timed_out and code is None else f"exited with {code}"
         raise EngineLaunchError(f"{self.spec.engine} {what} ({failure})", failure, tail(self.log_path))
 

@@ -37,6 +37,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
+from tuner.engines.base import EngineAdapter
 from tuner.measure.failures import OOM_CLASSES, match_signature
 from tuner.measure.metrics import MAX_ERROR_RATE
 from tuner.workloads.base import Request, Workload
@@ -79,13 +80,15 @@ def judge(
     log_since_stress: str,
     killed: bool = False,
     default_stress: Mapping[str, float] | None = None,
+    adapter: EngineAdapter | None = None,
 ) -> str | None:
     """The failure class the stress run earns (see the module docstring), or None when it passed.
 
     ``default_stress`` is the engine default's metrics under the same stress (for the default
-    itself, its own); None where the default was not stressed."""
+    itself, its own); None where the default was not stressed. ``adapter``: the engine's, whose
+    log lines tell an out-of-memory death (None: only the signatures every engine shares)."""
     if not alive or stress.get("error_rate", 1.0) > MAX_ERROR_RATE:
-        oom = killed or match_signature(log_since_stress) in OOM_CLASSES
+        oom = killed or match_signature(log_since_stress, adapter) in OOM_CLASSES
         return "oom_load" if oom else "crash_on_request"
     reference = default_stress or {}
     for key, bound in slo.items():

@@ -201,21 +201,22 @@ def serve_capacity(
     if not all(cache_reset):
         result.warnings.append("prefix cache not reset between steps: later steps may have started warm")
     since_ready = tail(server.log_path, max_lines=400, start=ready_at)
-    score_capacity(result, outcome, plan, prune, since_ready, alive)
+    score_capacity(result, outcome, plan, prune, since_ready, alive, adapter)
     scored = {tier: outcome.results[tier] for tier in plan.scored}
     text = ", ".join(f"{tier} {r.capacity_req_s:.3g} req/s ({r.stop_reason})" for tier, r in scored.items())
     ctx.progress.phase(number, "score", f"failed: {result.failure}" if result.failure else f"capacity: {text}")
 
 
 def score_capacity(
-    result: TrialResult, outcome: CapacityOutcome, plan: CapacityPlan, prune: bool, since_ready: str, alive: bool
-) -> None:
+    result: TrialResult, outcome: CapacityOutcome, plan: CapacityPlan, prune: bool, since_ready: str, alive: bool,
+    adapter: EngineAdapter | None,
+) -> None:  # fmt: skip
     """A finished capacity search as the trial's result: its figures, its failure class from the log
     since the server was ready, and the pruned mark when every scored tier was pruned. Shared with the
     tabular benchmark, which replays searches over recorded steps."""
     result.phases_s["capacity"] = round(outcome.search_s, 2)
     _score_capacity(result, outcome, plan)
-    result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE)
+    result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE, adapter)
     scored = {tier: outcome.results[tier] for tier in plan.scored}
     if prune and all(r.pruned for r in scored.values()):
         sent = sum(len(m.rows) for m in outcome.measured)
@@ -287,7 +288,7 @@ def serve_workload(
         alive = server.alive() and healthy(client, server)
     _score(result, drove, adapter.server_stats(before, after) if after else {}, ctx)
     since_ready = tail(server.log_path, max_lines=400, start=ready_at)
-    result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE)
+    result.failure = classify_serve(since_ready, alive, result.metrics["error_rate"], MAX_ERROR_RATE, adapter)
     m = result.metrics
     score = f"ttft_p95={m['ttft_p95_ms']:.0f} ms  throughput={m['output_throughput_tok_s']:.1f} tok/s"
     if result.failure is not None:

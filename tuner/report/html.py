@@ -4,7 +4,7 @@ Sections: the Pareto front with infeasible trials marked by failure class and th
 finalists, or, in a capacity study, each tier's capacity curves and the capacity table
 (``tuner.report.capacity``); then parameter importance (Optuna's PED-ANOVA); the winner against the
 engine default with the repeats' 95 % intervals; the failure map over the two most important
-parameters; speculative acceptance by draft model and K; the launch command of the winner. plotly.js
+parameters; speculative acceptance by method, draft or head, and K; the launch command of the winner. plotly.js
 is inlined once in the head, so the page is one file that needs no network.
 """
 
@@ -176,24 +176,33 @@ def _axis_value(value: Any) -> float | str:
 
 
 def acceptance_section(study: optuna.Study) -> str:
-    groups: dict[tuple[str, int], list[float]] = defaultdict(list)
+    """Acceptance by method, draft or head, and K: the mean over the trials that served, from each
+    trial's ``speculation`` attribute (the engine's own counters), with its mean accepted length."""
+    groups: dict[tuple[str, str, int], list[tuple[float, float | None]]] = defaultdict(list)
     for t in _completed(study):
-        config, rate = (
-            trial_attrs(t).get("config") or {},
-            (trial_attrs(t).get("server") or {}).get("spec_acceptance_rate"),
-        )
-        if rate is not None and config.get("num_speculative_tokens"):
-            groups[(str(config.get("draft_model")), int(config["num_speculative_tokens"]))].append(rate)
+        spec = trial_attrs(t).get("speculation") or {}
+        rate, length = spec.get("acceptance_rate"), spec.get("mean_accept_len")
+        if isinstance(rate, int | float) and spec.get("num_speculative_tokens"):
+            key = (str(spec.get("method")), str(spec.get("draft") or "-"), int(spec["num_speculative_tokens"]))
+            groups[key].append((float(rate), length if isinstance(length, int | float) else None))
     rows = "".join(
-        f"<tr><td>{html.escape(d)}</td><td>{k}</td><td>{sum(v) / len(v):.1%}</td><td>{len(v)}</td></tr>"
-        for (d, k), v in sorted(groups.items())
+        f"<tr><td>{html.escape(m)}</td><td>{html.escape(d)}</td><td>{k}</td><td>{_mean([r for r, _ in v]):.1%}</td>"
+        f"<td>{_length([n for _, n in v])}</td><td>{len(v)}</td></tr>"
+        for (m, d, k), v in sorted(groups.items())
     )
-    body = (
-        f"<table><tr><th>draft</th><th>K</th><th>acceptance</th><th>trials</th></tr>{rows}</table>"
-        if rows
-        else "<p>no speculative trial served</p>"
-    )
-    return f'<section id="acceptance"><h2>Speculative acceptance by draft model and K</h2>{body}</section>'
+    columns = ("method", "draft or head", "K", "acceptance", "accepted length", "trials")
+    head = "<tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
+    body = f"<table>{head}{rows}</table>" if rows else "<p>no speculative trial served</p>"
+    return f'<section id="acceptance"><h2>Speculative acceptance by method, draft or head, and K</h2>{body}</section>'
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _length(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{_mean(known):.2f}" if known else "-"
 
 
 def prediction_section(study: optuna.Study) -> str:

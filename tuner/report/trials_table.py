@@ -2,7 +2,9 @@
 
 In a capacity study the table shows each trial's capacity per SLO tier (req/s) instead of its TTFT and
 throughput, and each tier's SLO under it; under ``--sampler model`` also what the model predicted for
-the objective tier before the trial booted.
+the objective tier before the trial booted. Where some trial speculated, an ``accept`` column gives each
+speculating trial's acceptance rate and mean accepted length (``speculation`` attribute): at the
+objective tier's capacity in a capacity study.
 """
 
 from __future__ import annotations
@@ -49,13 +51,27 @@ def _status(attrs: dict[str, Any]) -> str:
     return "pruned" if pruned else str(attrs.get("failure") or "-")
 
 
+def speculated(study: optuna.Study) -> bool:
+    return any(t.user_attrs.get("speculation") for t in study.get_trials(deepcopy=False))
+
+
+def acceptance_cell(attrs: dict[str, Any]) -> str:
+    """``42% x2.26``: the acceptance rate and mean accepted length; ``-`` where there is none."""
+    spec = attrs.get("speculation") or {}
+    rate, length = spec.get("acceptance_rate"), spec.get("mean_accept_len")
+    if not isinstance(rate, int | float):
+        return "-"
+    return f"{rate:.0%}" + (f" x{length:.2f}" if isinstance(length, int | float) else "")
+
+
 def header(study: optuna.Study, price: float | None = None) -> tuple[str, ...]:
+    accept = ("accept",) if speculated(study) else ()
     if not is_capacity_study(study):
-        return COLUMNS
+        return (*COLUMNS[:-2], *accept, *COLUMNS[-2:])
     capacities = tuple(f"{t.name} req/s" for t in tiers(study))
     cost = ("tok/s/GPU", "$/M tok") if price is not None else ("tok/s/GPU",)
     said = tuple(f"predicted {t.name}" for t in tiers(study)[:1]) if has_predictions(study) else ()
-    return ("#", "state", "failure", *capacities, *said, *cost, "repeats: req/s mean [95% CI]", "params")
+    return ("#", "state", "failure", *capacities, *said, *cost, *accept, "repeats: req/s mean [95% CI]", "params")
 
 
 def _cost_cells(attrs: dict[str, Any], tier: str, price: float | None) -> tuple[str, ...]:
@@ -78,6 +94,7 @@ def trial_rows(study: optuna.Study, price: float | None = None) -> list[tuple[st
     names = [t.name for t in tiers(study)] if capacity else []
     said = names[:1] if capacity and has_predictions(study) else []  # the objective tier's, before the boot
     metric = "capacity_req_s" if capacity else "output_throughput_tok_s"
+    accept = speculated(study)
     rows: list[tuple[str, ...]] = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
@@ -91,6 +108,8 @@ def trial_rows(study: optuna.Study, price: float | None = None) -> list[tuple[st
             throughput = None if attrs.get("pruned") else attrs.get("output_throughput_tok_s")
             measured = (_number(attrs.get("ttft_p95_ms"), ".0f"), _number(throughput, ".1f"))
         mark = "*" if t.number in front else ""
+        if accept:
+            measured = (*measured, acceptance_cell(attrs))
         rows.append((f"{t.number}{mark}", t.state.name, _status(attrs), *measured,
                      _repeats(finalists.get(t.number), metric), _params(t)))  # fmt: skip
     return rows

@@ -27,6 +27,7 @@ from typing import Any
 
 import optuna
 
+from tuner.engines import ADAPTERS
 from tuner.engines.base import Config
 from tuner.measure.statistics import interval
 from tuner.measure.stress import judge as judge_stress
@@ -123,7 +124,11 @@ def _judge_one(
     s, m = run.stress, run.stress["metrics"]
     is_default = entry["config_kind"] == DEFAULT_KIND
     measured = {k: v for k, v in (trial_attrs(trial).get("metrics") or {}).items() if v is not None}
-    failure = judge_stress(m, measured, slo, s["alive"], s["log"], s["killed"], m if is_default else default_stress)
+    engine = ADAPTERS.get(str(trial_attrs(trial).get("engine")))
+    failure = judge_stress(
+        m, measured, slo, s["alive"], s["log"], s["killed"], m if is_default else default_stress,
+        engine() if engine is not None else None,
+    )  # fmt: skip
     return {
         **entry, "ran": True, "failure": failure, **{k: _finite(m.get(k)) for k in _KEPT},
         "prompt_tokens": s["prompt_tokens"], "concurrency": s["concurrency"],

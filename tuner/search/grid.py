@@ -2,20 +2,25 @@
 
 Optuna's ``GridSampler`` takes the product of every parameter's values, conditional ones included,
 so a space where the draft model matters only when speculation is on would boot the same
-no-speculation config once per draft. Here speculation is expanded as the trial samples it: K = 0
-is one point, and each K > 0 is paired with every draft. A float range needs a ``step``; an integer
-range gives every integer in it.
+no-speculation config once per draft. Here speculation is expanded as the trial samples it
+(``tuner.search.space.speculation_distributions``): off is one point, and each method is paired
+with every K, every draft or head that serves it and every value of its engine's own parameters.
+A float range needs a ``step``; an integer range gives every integer in it.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+
+from tuner.engines.speculation import OFF
 from tuner.errors import ConfigError
-from tuner.search.space import FractionChoices, FractionRange, IntRange, Parameters, Space
+from tuner.search.space import FractionChoices, FractionRange, Parameters, Space, speculation_distributions
+from tuner.search.speculation import Offer
 
 
 def _fractions(spec: FractionRange | FractionChoices) -> list[float]:
@@ -27,22 +32,35 @@ def _fractions(spec: FractionRange | FractionChoices) -> list[float]:
     return [round(spec.low + i * spec.step, 6) for i in range(n + 1)]
 
 
-def _speculation(p: Parameters, drafts: Sequence[str]) -> list[dict[str, Any]]:
-    choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
-    ks = p.num_speculative_tokens
-    if ks is None or not choices:
+def _values(dist: BaseDistribution) -> list[Any]:
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    assert isinstance(dist, IntDistribution)
+    return list(range(dist.low, dist.high + 1))
+
+
+def _product(axes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*axes)]
+
+
+def _speculation(p: Parameters, offer: Offer) -> list[dict[str, Any]]:
+    """Each method with every value of what it takes, and off once (Optuna names, unprefixed)."""
+    dists = speculation_distributions(p, offer)
+    if not dists:
         return [{}]
-    values = list(range(ks.low, ks.high + 1)) if isinstance(ks, IntRange) else list(ks.choices)
     points: list[dict[str, Any]] = []
-    for k in dict.fromkeys(values):
-        if k == 0:
-            points.append({"num_speculative_tokens": 0})
-        else:
-            points += [{"num_speculative_tokens": k, "draft_model": d} for d in choices]
+    for method in offer.methods:
+        if method == OFF:
+            points.append({"spec_method": OFF})
+            continue
+        axes = [[{"spec_method": method}]]
+        taken = ["num_speculative_tokens", f"{method}.draft", *offer.params.get(method, ())]
+        axes += [[{name: v} for v in _values(dists[name])] for name in taken if name in dists]
+        points += _product(axes)
     return points
 
 
-def engine_points(p: Parameters, drafts: Sequence[str]) -> list[dict[str, Any]]:
+def engine_points(p: Parameters, offer: Offer) -> list[dict[str, Any]]:
     """Every distinct parameter set of one engine's sub-space (unprefixed names)."""
     axes: list[list[dict[str, Any]]] = []
     for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
@@ -51,15 +69,15 @@ def engine_points(p: Parameters, drafts: Sequence[str]) -> list[dict[str, Any]]:
             axes.append([{key: v} for v in spec.choices])
     if p.memory_fraction is not None:
         axes.append([{"memory_fraction": v} for v in _fractions(p.memory_fraction)])
-    axes.append(_speculation(p, drafts))
-    return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*axes)]
+    axes.append(_speculation(p, offer))
+    return _product(axes)
 
 
-def grid_points(space: Space, engines: Sequence[str], drafts: Sequence[str]) -> list[dict[str, Any]]:
+def grid_points(space: Space, offers: Mapping[str, Offer]) -> list[dict[str, Any]]:
     """Every distinct config as Optuna params (``engine`` plus ``<engine>.<param>``), in a stable order."""
     points = []
-    for engine in engines:
-        for params in engine_points(space.parameters, drafts):
+    for engine, offer in offers.items():
+        for params in engine_points(space.parameters, offer):
             points.append({"engine": engine, **{f"{engine}.{k}": v for k, v in params.items()}})
     return points
 

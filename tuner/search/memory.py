@@ -3,8 +3,11 @@
 A model from first principles, calibrated on the hardware at hand:
 
 * KV bytes per token = 2 (K and V) x layers x KV heads x head size x dtype bytes, summed over the
-  target and the draft (read from their ``config.json``); weights = the safetensors files' sizes
-  (or the parameter count from the config, for ``--load-format dummy``).
+  target and what its speculative method adds (read from their ``config.json``); weights = the
+  safetensors files' sizes (or the parameter count from the config, for ``--load-format dummy``).
+  Each method's cost (``tuner.engines.speculation``): a draft model's weights and KV, a head's
+  weights and the KV of its own layer (EAGLE's and EAGLE-3's one), MTP the KV of the MTP layers the
+  target ships (their weights are in the target's files already), n-gram and suffix nothing.
 * KV bytes available at memory fraction f: on vLLM's CPU build exactly f x the KV budget (the
   ``--kv-cache-memory-bytes`` the trial passes); on a GPU f x device memory - weights - the
   engine's runtime overhead (activations, non-torch memory).
@@ -37,12 +40,12 @@ import json
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device, ModelSpec
+from tuner.engines.speculation import WITH_TARGET_LAYERS, draft_of, method_of
 
 UNCALIBRATED_MARGIN = 0.5  # screen only when the estimate is below half of what is needed
 CALIBRATED_MARGIN = 0.05  # block rounding: the engines allocate whole blocks of 16 tokens
@@ -106,12 +109,17 @@ class Estimate:
         return asdict(self)
 
 
+def _costly(config: Config) -> str | None:
+    """What of a config's speculation takes memory: its draft or head, or a method that reads the
+    target's own extra layers (None: nothing, as n-gram and suffix, or speculation off)."""
+    method = method_of(config.params)
+    return draft_of(config.params) or (method if method in WITH_TARGET_LAYERS else None)
+
+
 def screen_key(config: Config, device: Device, model: ModelSpec) -> str:
-    """Trials that calibrate each other: same engine, device kind, draft model and max model length.
-    Speculation without a draft model (the adapter's ``model_free_drafts``) shares the key of none."""
-    spec = config.params.get("draft_model") if int(config.params.get("num_speculative_tokens", 0)) > 0 else None
-    free = spec is None or spec in ADAPTERS[config.engine].model_free_drafts
-    return f"{config.engine}|{device.kind}|{'-' if free else spec}|{model.max_model_len}"
+    """Trials that calibrate each other: same engine, device kind, draft (or head) and max model length.
+    Speculation that costs no memory shares the key of none."""
+    return f"{config.engine}|{device.kind}|{_costly(config) or '-'}|{model.max_model_len}"
 
 
 def _without_draft(key: str) -> str:
@@ -125,13 +133,16 @@ def _fraction(config: Config, default_fraction: float | None) -> float | None:
 
 
 def _shapes(config: Config, model: ModelSpec) -> list[Shape] | None:
-    """The target's shape, and the draft's when speculation runs a draft model (a model-free one has none)."""
+    """The target's shape, and what its speculation adds: the draft's or head's own, or the target's
+    MTP layers (KV only: their weights are the target's)."""
     dummy = model.load_format == "dummy"
-    shapes = [read_shape(model.path, dummy)]
-    draft = config.params.get("draft_model")
-    free = ADAPTERS[config.engine].model_free_drafts
-    if int(config.params.get("num_speculative_tokens", 0)) > 0 and draft and draft not in free:
-        shapes.append(read_shape(model.draft_path(str(draft)), dummy))
+    target = read_shape(model.path, dummy)
+    shapes = [target]
+    draft = draft_of(config.params)
+    if draft is not None:
+        shapes.append(read_shape(model.draft_path(draft), dummy))
+    elif target is not None and method_of(config.params) in WITH_TARGET_LAYERS:
+        shapes.append(replace(target, layers=model.mtp_layers, weights_bytes=0))
     return None if any(s is None for s in shapes) else [s for s in shapes if s is not None]
 
 
@@ -161,7 +172,7 @@ def estimate(
         total = engine_device_bytes(same_engine) or device.memory_bytes
         available = fraction * total - weights - overhead
     predicted = max(int(predict_tokens(mine, available, per_token)), 0)
-    # a draft model only adds memory: where the target alone ran out, target and draft do too
+    # speculation only adds memory: where the target alone ran out, it does with a draft or head too
     plain = (
         [o for o in history if o.key == _without_draft(key) and o.booted is False] if key != _without_draft(key) else []
     )

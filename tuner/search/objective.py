@@ -28,6 +28,7 @@ from typing import Any, cast
 import optuna
 
 from tuner.engines.base import Config
+from tuner.engines.speculation import OFF, describe, draft_of, method_of
 from tuner.errors import ConfigError
 from tuner.measure.process import head
 from tuner.measure.statistics import trial_intervals
@@ -38,6 +39,7 @@ from tuner.search.pruning import FrontWatch, checkpoints
 from tuner.search.rejections import REJECTED, rejected_like
 from tuner.search.scoring import values, violation
 from tuner.search.space import Space, suggest
+from tuner.search.speculation import Offer, engines_at, study_offers
 from tuner.study.attrs import (
     CONSTRAINT,
     SAMPLED_KIND,
@@ -81,6 +83,17 @@ class SearchObjective:
     runner: Runner | None = None  # None: tuner.measure.trial.run_trial
     free_memory: Callable[[], int | None] = field(default=lambda: None)  # the GPU's free bytes now
     boots: int = 0  # trials of this run that booted an engine (screened ones do not)
+    offers: Mapping[str, Offer] | None = None  # what each engine may speculate with (None: worked out here)
+
+    def __post_init__(self) -> None:
+        if self.offers is None:
+            p = self.space.parameters
+            self.offers = study_offers(p.methods(), p.named_drafts(), engines_at(self.ctx.engines), self.ctx.model)[0]
+
+    @property
+    def engine_offers(self) -> Mapping[str, Offer]:
+        assert self.offers is not None  # set by __post_init__
+        return self.offers
 
     def __call__(self, trial: optuna.Trial) -> list[float]:
         prepared = self.prepare(trial)
@@ -95,7 +108,7 @@ class SearchObjective:
         if not default:
             write_trial_attrs(trial, TrialAttrs(config_kind=SAMPLED_KIND))
         ctx = self.ctx
-        config = suggest(trial, self.space, list(ctx.engines), list(ctx.model.drafts), default)
+        config = suggest(trial, self.space, self.engine_offers, default)
         finished = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         adapter = ctx.engines[config.engine][0]
         est = estimate(
@@ -132,7 +145,7 @@ class SearchObjective:
         if self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return  # something is queued already
         try:
-            points = grid_points(self.space, list(self.ctx.engines), list(self.ctx.model.drafts))
+            points = grid_points(self.space, self.engine_offers)
         except ConfigError:
             return  # a continuous space: a sampler hardly repeats a point there
         seen = [t.params for t in self.study.get_trials(deepcopy=False)]
@@ -254,6 +267,7 @@ def record(
             log_tail=result.log_tail[-10000:],
             checkpoints=checkpoints(result.request_log, slo or {}) if result.failure is None else {},
             ci=trial_intervals(result.request_log, result.metrics) if result.failure is None else {},
+            speculation=speculation_attrs(result),
             **capacity_attrs(result),
         )
     )
@@ -265,6 +279,32 @@ def record(
 def _finite(value: float) -> float | None:
     """JSON (and so the RDB storage) has no NaN or inf: store None instead."""
     return value if math.isfinite(value) else None
+
+
+def speculation_attrs(result: TrialResult) -> dict[str, Any] | None:
+    """A speculating trial's method, draft or head, K and what the engine's counters say of them:
+    the acceptance rate and mean accepted length of the trial (at the objective tier's capacity, in a
+    capacity search) and of every step it measured (None: the trial did not speculate)."""
+    params = result.config.params
+    method = method_of(params)
+    if method == OFF:
+        return None
+    server = result.server or {}
+    steps = {}
+    for searched in ((result.capacity or {}).get("tiers") or {}).values():
+        for step in searched.get("steps") or []:
+            stats = step.get("server") or {}
+            steps[step["rate_req_s"]] = {
+                "rate_req_s": step["rate_req_s"],
+                "acceptance_rate": stats.get("spec_acceptance_rate"),
+                "mean_accept_len": stats.get("spec_mean_accept_len"),
+            }
+    return {
+        "method": method, "label": describe(params), "draft": draft_of(params),
+        "num_speculative_tokens": int(params["num_speculative_tokens"]),
+        "acceptance_rate": server.get("spec_acceptance_rate"), "mean_accept_len": server.get("spec_mean_accept_len"),
+        "steps": [steps[rate] for rate in sorted(steps)],
+    }  # fmt: skip
 
 
 def capacity_attrs(result: TrialResult) -> TrialAttrs:

@@ -2,11 +2,15 @@
 
 It works for every engine on any machine (SGLang on a machine without a GPU included): where an
 engine's environment is missing, the argv names plain ``python3`` and the newest version the
-adapter supports, and the device is taken to be a GPU. The port is the engine's default one.
+adapter supports, and the device is taken to be a GPU. ``--engine-version ENGINE=VERSION`` plans
+for another supported version the same way. The port is the engine's default one. A speculative
+method the space lists that an engine, its version, its environment or the model cannot run is
+left out of that engine's space with one line (``say``) saying why.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError, EnvironmentSetupError
 from tuner.search.model.ranking import rank
 from tuner.search.space import Space, load_space, suggest
+from tuner.search.speculation import EngineAt, study_offers
 
 PLANNED_GPU = Device("cuda", "NVIDIA GPU (planned)", 0)
 
@@ -44,6 +49,8 @@ def plan(
     drafts: list[str] | None = None,
     engine_envs: dict[str, str] | None = None,
     study: optuna.Study | None = None,
+    versions: dict[str, str] | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> list[dict[str, Any]]:
     """``n`` sampled configs' launches; with a capacity ``study`` that has served trials, each with
     the capacity its model predicts (``tuner.search.model.ranking``), highest first."""
@@ -55,19 +62,25 @@ def plan(
         if name not in ADAPTERS:
             raise ConfigError(f"--engines: unknown engine {name!r}; known: {', '.join(ADAPTERS)}")
     spec = _model(space, model, drafts or [])
-    targets = {name: _target(name, space, engine_envs or {}) for name in names}
+    targets = {name: _target(name, space, engine_envs or {}, (versions or {}).get(name)) for name in names}
+    at: dict[str, EngineAt] = {
+        name: (adapter, env.version if env else version, env.modules if env else None)
+        for name, (adapter, env, version) in targets.items()
+    }
+    offers, notes = study_offers(space.parameters.methods(), space.parameters.named_drafts(), at, spec)
+    for note in notes:
+        say(note)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampling = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     rows = []
     for _ in range(n):
         trial = sampling.ask()
-        config = suggest(trial, space, names, list(spec.drafts), is_default=False)
-        adapter, env = targets[config.engine]
-        version = env.version if env else adapter.supported_versions[-1]
+        config = suggest(trial, space, offers, is_default=False)
+        adapter, env, version = targets[config.engine]
         device = PLANNED_GPU
         if env is not None and env.is_cpu_build:
             device = Device("cpu", env.distribution, space.static.cpu_memory_budget_mib * 2**20)
-        python = env.python if env else "python3"
+        python = env.python if env is not None else "python3"
         launch = adapter.launch(config, spec, device, adapter.default_port, python, version)
         rows.append(
             {
@@ -81,14 +94,27 @@ def plan(
         sampling.tell(trial, 0.0)
     if study is None:
         return rows
-    return rank(rows, study, {name: adapter for name, (adapter, _) in targets.items()})
+    return rank(rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})
 
 
-def _target(name: str, space: Space, engine_envs: dict[str, str]) -> tuple[EngineAdapter, EngineEnv | None]:
-    """The engine's adapter and, when installed here, its environment (a flag's, else the space's)."""
+def _target(
+    name: str, space: Space, engine_envs: dict[str, str], version: str | None
+) -> tuple[EngineAdapter, EngineEnv | None, str]:
+    """The engine's adapter, its environment when installed here (a flag's, else the space's), and
+    the version planned for: ``version`` when given (planned as on a GPU, without the environment,
+    unless that is the environment's), else the environment's, else the newest supported."""
     adapter = ADAPTERS[name]()
+    if version is not None:
+        try:
+            adapter.check_version(version)
+        except EnvironmentSetupError as exc:
+            raise ConfigError(f"--engine-version {name}={version}: {exc}") from exc
     if name in engine_envs:  # a path the user named must hold the engine; only the default may be absent
-        return adapter, probe_named(adapter, engine_envs[name], "--engine-env")
-    if name in space.engine_envs:
-        return adapter, probe_named(adapter, space.engine_envs[name], "the space's engine_envs:")
-    return adapter, _env_or_none(adapter, None)
+        env: EngineEnv | None = probe_named(adapter, engine_envs[name], "--engine-env")
+    elif name in space.engine_envs:
+        env = probe_named(adapter, space.engine_envs[name], "the space's engine_envs:")
+    else:
+        env = _env_or_none(adapter, None)
+    if env is not None and version is not None and env.version != version:
+        env = None  # another version than the one installed: planned as for a GPU
+    return adapter, env, version or (env.version if env else adapter.supported_versions[-1])

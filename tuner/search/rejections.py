@@ -9,7 +9,7 @@ slots per request or more sequences only make it worse. So a config that is no e
 rejected one on all three, with the same engine, is rejected alike and recorded as
 ``invalid_config`` without a boot (``rejected_like`` names the trial). The slots a config's
 drafting takes are the adapter's fact (``EngineAdapter.draft_slots``); where the engine does not
-say, only the same draft with at least as many speculative tokens counts as no easier. Other
+say, only the same method and draft with at least as many speculative tokens counts as no easier. Other
 rejections are not generalised: their cause need not be monotone in anything.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 import optuna
 
 from tuner.engines.base import Config, EngineAdapter
+from tuner.engines.speculation import OFF, draft_of, method_of
 
 REJECTED = "invalid_config"
 
@@ -30,7 +31,7 @@ def rejected_like(
     config: Config, trials: Iterable[optuna.trial.FrozenTrial], adapter: EngineAdapter
 ) -> optuna.trial.FrozenTrial | None:
     """The first earlier trial rejected for its draft slots that ``config`` is no easier than."""
-    if config.is_default or not config.params.get("num_speculative_tokens") or not adapter.draft_slots_signature:
+    if config.is_default or method_of(config.params) == OFF or not adapter.draft_slots_signature:
         return None
     signature = re.compile(adapter.draft_slots_signature)
     for t in trials:
@@ -47,7 +48,8 @@ def no_easier(new: Mapping[str, Any], old: Mapping[str, Any], adapter: EngineAda
     engine's default: comparable only with another absent one."""
     slots_new, slots_old = adapter.draft_slots(new), adapter.draft_slots(old)
     if slots_new is None or slots_old is None:
-        drafting = new.get("draft_model") == old.get("draft_model") and _compare(
+        same = (method_of(new), draft_of(new)) == (method_of(old), draft_of(old))
+        drafting = same and _compare(
             new.get("num_speculative_tokens"), old.get("num_speculative_tokens"), lambda n, o: n >= o
         )
     else:

@@ -22,6 +22,7 @@ from tuner.progress import Progress
 from tuner.search.options import SearchOptions
 from tuner.search.scoring import is_capacity
 from tuner.search.space import Space
+from tuner.search.speculation import Offer, engines_at, study_offers
 from tuner.study.cost import PRICE_ATTR
 from tuner.workloads import source, workload_for_model
 from tuner.workloads.base import TIER_NAMES, Slo, Workload
@@ -69,6 +70,17 @@ def resolve_models(opts: SearchOptions, space: Space, env: EngineEnv) -> ModelSp
             raise ConfigError("--draft-model needs --model: the generated default target has its own drafts")
         return models.default_models(env.python, space.static.max_model_len)
     return models.user_models(opts.model, opts.drafts, space.static.max_model_len, space.static.load_format)
+
+
+def resolve_offers(
+    space: Space, engines: Mapping[str, tuple[EngineAdapter, EngineEnv]], model: ModelSpec, progress: Progress
+) -> dict[str, Offer]:
+    """What each engine may speculate with here; a listed method one cannot run is left out with one line."""
+    p = space.parameters
+    offers, notes = study_offers(p.methods(), p.named_drafts(), engines_at(engines), model)
+    for note in notes:
+        progress.line(note)
+    return offers
 
 
 def resolve_workload(opts: SearchOptions, model: ModelSpec, given: str | Trace | None = None) -> Workload:

@@ -7,7 +7,7 @@ The trials run in ``tuner.fleet.loop`` (one slot, or one per GPU slot), under th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 
@@ -37,12 +37,14 @@ from tuner.search.resolve import (
     preset_slo,
     resolve_engines,
     resolve_models,
+    resolve_offers,
     resolve_workload,
     study_attrs,
 )
 from tuner.search.samplers import make_sampler
 from tuner.search.scoring import check_objective, directions
 from tuner.search.space import Space, check_space_fits, load_space
+from tuner.search.speculation import Offer
 from tuner.search.verify_server import verify_winners
 from tuner.study.attrs import SAMPLED_KIND, TrialAttrs, bind_study_attrs, checked_trial_attrs, enqueue_defaults
 from tuner.study.storage import open_study, storage_url
@@ -56,11 +58,11 @@ __all__ = [
 ]  # fmt: skip
 
 
-def enqueue_grid(study: optuna.Study, space: Space, engines: list[str], drafts: list[str], seed: int) -> None:
+def enqueue_grid(study: optuna.Study, space: Space, offers: Mapping[str, Offer], seed: int) -> None:
     """``--sampler grid``: every distinct config not yet in the study, in a seeded order."""
     done = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False)]
     kind = checked_trial_attrs(TrialAttrs(config_kind=SAMPLED_KIND))
-    for point in shuffled(grid_points(space, engines, drafts), seed):
+    for point in shuffled(grid_points(space, offers), seed):
         if point not in done:
             study.enqueue_trial(point, user_attrs=kind)
 
@@ -117,6 +119,7 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
     plan = plan_of(opts, device)
     check_parallel(space, opts, device)
     model = resolve_models(opts, space, first_env)
+    offers = resolve_offers(space, engines, model, progress)
     workload = resolve_workload(opts, model, given)
     capacity = capacity_plan(opts, workload, device)
     if opts.sampler == "model" and capacity is None:
@@ -132,7 +135,7 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         raise ConfigError("tuner worker needs a database many processes can share: --storage postgresql://user@host/db")
     with sole_process(url, name):
         study = open_for(opts, name, url)
-        check_space_fits(study, space, list(engines), list(model.drafts))  # before any attr or trial is written
+        check_space_fits(study, space, offers)  # before any attr or trial is written
         bind_study_attrs(study, study_attrs(opts, space, engines, device, model, workload, slo, capacity))
         if url.startswith("sqlite") and (lost := reclaim(study)):
             progress.line(f"{lost} trial(s) left running by an earlier run that stopped: marked FAIL and queued again")
@@ -140,19 +143,19 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         with lock.held():  # workers starting together enqueue the defaults (and the grid) once
             enqueue_defaults(study, list(engines))
             if opts.sampler == "grid":
-                enqueue_grid(study, space, list(engines), list(model.drafts), opts.seed)
+                enqueue_grid(study, space, offers, opts.seed)
         log_dir = opts.log_dir.resolve() / safe_name(name)
         ctx = TrialContext(
             engines, model, device, workload, log_dir, progress, opts.boot_deadline_s, slo, None, capacity
         )
         if isinstance(study.sampler, ModelSampler):
-            study.sampler.bind(context_of(space, ctx))
+            study.sampler.bind(context_of(space, ctx, offers))
         progress.line(
             f"study {name!r}: {plan.trials} booted trials in all, then {plan.finalists} finalists x {plan.repeats} "
             f"repeats, on {device.name}; workload {workload.name} ({_described(workload, capacity)})"
         )
         objective = SearchObjective(study, space, ctx, opts.objective, opts.screen, opts.prune,
-                                    free_memory=free_memory(device, (opts.gpus or [0])[0]))  # fmt: skip
+                                    free_memory=free_memory(device, (opts.gpus or [0])[0]), offers=offers)  # fmt: skip
         deadline = None if opts.timeout_s is None else time.monotonic() + opts.timeout_s
         run_slots(study, objective, Budget(plan.trials, deadline), lock, make_slots(ctx, opts))
         if not opts.worker and (plan.repeats > 0 or opts.stress):

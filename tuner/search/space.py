@@ -4,6 +4,15 @@ Each engine has its own sub-space: an engine's parameters are named ``<engine>.<
 study, so Optuna never treats one engine's parameter as another's. A parameter left out of the
 YAML is not tuned, and the engine's default applies. See ``tuner/search/default_space.yaml``.
 
+Speculative decoding is sampled as it is run: first the method (``<engine>.spec_method``, among
+those the engine can run here: ``tuner.search.speculation``), then only what that method takes: K
+(``<engine>.num_speculative_tokens``), its draft or head (``<engine>.<method>.draft``, among those
+that serve it) and the engine parameters the adapter lists for it (``ngram_lookup``,
+``spec_schedule``, ``spec_tree``). No invalid pair is ever sampled, so none is rejected after.
+A space written before methods were a parameter (K from 0, ``draft_model`` naming drafts or a
+model-free method) still reads: K = 0 is off, a method named as a draft is that method, the other
+drafts are draft models.
+
 Whether a search space can go on in a study that already holds trials.
 
 Optuna stores every parameter's distribution with the trial, and its storage refuses a parameter
@@ -15,7 +24,7 @@ one ConfigError naming the parameter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +49,14 @@ from pydantic import (
     model_validator,
 )
 
-from tuner.engines import ADAPTERS
+from tuner.engines import ADAPTERS, DEFAULT_ENGINES
 from tuner.engines.base import Config
+from tuner.engines.speculation import DRAFT_MODEL, ENGINE_PARAMS, METHODS, OFF, WITH_DRAFT
 from tuner.errors import ConfigError
 from tuner.inputs import parse_bounded, read_text
+from tuner.search.speculation import Offer
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "default_space.yaml"  # package data: found after any install
-KNOWN_ENGINES = ("vllm", "sglang")
 
 
 class _Strict(BaseModel):
@@ -149,14 +159,113 @@ class ScheduleChoices(_Strict):
         return choices
 
 
+class MethodChoices(_Strict):
+    """Speculative methods to choose among (``tuner.engines.speculation``), ``off`` among them."""
+
+    choices: list[StrictStr] = Field(min_length=1)
+
+    @field_validator("choices", mode="before")
+    @classmethod
+    def _off(cls, choices: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: in this list it can only mean the method
+        return [OFF if c is False else c for c in choices] if isinstance(choices, list) else choices
+
+    @field_validator("choices")
+    @classmethod
+    def _known(cls, choices: list[str]) -> list[str]:
+        unknown = [c for c in choices if c not in (OFF, *METHODS)]
+        if unknown:
+            raise ValueError(f"unknown method {unknown[0]!r}; known: {', '.join((OFF, *METHODS))}")
+        return list(dict.fromkeys(choices))
+
+
+Pair = tuple[StrictInt, StrictInt]
+
+
+class LookupChoices(_Strict):
+    """n-gram lookup windows, ``[min, max]`` tokens matched in the prompt, as choices."""
+
+    choices: list[Pair] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _windows(cls, choices: list[Pair]) -> list[Pair]:
+        if any(not 1 <= low <= high for low, high in choices):
+            raise ValueError("each window is [min, max] with 1 <= min <= max")
+        return choices
+
+
+class TreeChoices(_Strict):
+    """Draft trees, ``[top-k, draft tokens]``, as choices: top-k 1 is a chain of K + 1 tokens."""
+
+    choices: list[Pair] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _trees(cls, choices: list[Pair]) -> list[Pair]:
+        if any(topk < 1 or tokens < 2 for topk, tokens in choices):
+            raise ValueError("each tree is [top-k, draft tokens] with top-k >= 1 and at least 2 draft tokens")
+        return choices
+
+
+def pair_label(pair: Sequence[int], sep: str) -> str:
+    """A pair as one categorical choice (Optuna's choices are plain values): ``2-4``, ``4x8``."""
+    return f"{int(pair[0])}{sep}{int(pair[1])}"
+
+
+def pair_of(label: str, sep: str) -> list[int]:
+    first, _, second = label.partition(sep)
+    return [int(first), int(second)]
+
+
+PAIR_SEP = {"ngram_lookup": "-", "spec_tree": "x"}
+
+
 class Parameters(_Strict):
     chunk_size: PositiveChoices | None = None
     max_num_seqs: PositiveChoices | None = None
     memory_fraction: FractionRange | FractionChoices | None = None
-    num_speculative_tokens: IntRange | CountChoices | None = None
-    draft_model: Choices | None = None  # names; left out: every draft the model spec offers
+    spec_method: MethodChoices | None = None  # left out: K from 0 (off) with draft models, as spaces were
+    num_speculative_tokens: IntRange | CountChoices | None = None  # K, of every method
+    draft_model: Choices | None = None  # names of drafts and heads; left out: every one the model has
     tensor_parallel: PositiveChoices | None = None  # GPUs per engine, at most --gpus-per-trial
-    spec_schedule: ScheduleChoices | None = None  # vLLM only: K by batch size, when speculating
+    ngram_lookup: LookupChoices | None = None  # for engines whose n-gram lookup takes a window
+    spec_schedule: ScheduleChoices | None = None  # for engines that take K by batch size
+    spec_tree: TreeChoices | None = None  # for engines whose EAGLE family takes a draft tree
+
+    @model_validator(mode="after")
+    def _speculation(self) -> Parameters:
+        if self.spec_method is None:
+            return self
+        ks = self.num_speculative_tokens
+        if ks is None and any(m != OFF for m in self.spec_method.choices):
+            raise ValueError("spec_method lists methods: give num_speculative_tokens (K) too")
+        if ks is not None and 0 in k_values(ks, every=False):
+            raise ValueError("num_speculative_tokens counts from 1 with spec_method: off is a method of its own")
+        return self
+
+    def methods(self) -> tuple[str, ...]:
+        """The methods this space lists: its ``spec_method``, or those of a space written before it."""
+        if self.spec_method is not None:
+            return tuple(self.spec_method.choices)
+        if self.num_speculative_tokens is None:
+            return ()
+        off = (OFF,) if 0 in k_values(self.num_speculative_tokens, every=False) else ()
+        named = list(map(str, self.draft_model.choices)) if self.draft_model is not None else []
+        free = [d for d in named if d in METHODS]
+        drafts = (DRAFT_MODEL,) if self.draft_model is None or len(free) < len(named) else ()
+        return tuple(dict.fromkeys((*off, *drafts, *free)))
+
+    def named_drafts(self) -> list[str] | None:
+        """The drafts and heads the space names (None: every one the model has)."""
+        return None if self.draft_model is None else [str(d) for d in self.draft_model.choices if d not in METHODS]
+
+
+def k_values(ks: IntRange | CountChoices, every: bool = True) -> list[int]:
+    """K's values (``every``: each integer of a range; else only its ends, enough to see a 0)."""
+    if isinstance(ks, CountChoices):
+        return list(dict.fromkeys(ks.choices))
+    return list(range(ks.low, ks.high + 1)) if every else [ks.low, ks.high]
 
 
 class Static(_Strict):
@@ -168,7 +277,7 @@ class Static(_Strict):
 
 
 class Space(_Strict):
-    engines: list[str] = Field(default_factory=lambda: ["vllm"], min_length=1)
+    engines: list[str] = Field(default_factory=lambda: list(DEFAULT_ENGINES), min_length=1)
     engine_envs: dict[str, str] = Field(default_factory=dict)
     parameters: Parameters = Field(default_factory=Parameters)
     static: Static = Field(default_factory=Static)
@@ -176,9 +285,9 @@ class Space(_Strict):
     @field_validator("engines", "engine_envs")
     @classmethod
     def _known_engines(cls, engines: list[str] | dict[str, str]) -> list[str] | dict[str, str]:
-        unknown = [e for e in engines if e not in KNOWN_ENGINES]
+        unknown = [e for e in engines if e not in ADAPTERS]
         if unknown:
-            raise ValueError(f"unknown engine {unknown[0]!r}; known: {', '.join(KNOWN_ENGINES)}")
+            raise ValueError(f"unknown engine {unknown[0]!r}; known: {', '.join(ADAPTERS)}")
         return engines
 
 
@@ -200,13 +309,12 @@ def load_space(path: Path | None = None) -> Space:
         raise ConfigError(f"{where}: {key}: {first['msg']}") from exc
 
 
-def distributions(space: Space, engines: Sequence[str], drafts: Sequence[str]) -> dict[str, BaseDistribution]:
+def distributions(space: Space, offers: Mapping[str, Offer]) -> dict[str, BaseDistribution]:
     """Every distribution ``suggest`` can ask for, by Optuna parameter name: ``engine``, then each
-    engine's own (``vllm.chunk_size``, ...). A draft model only where there is one to speculate with."""
-    out: dict[str, BaseDistribution] = {"engine": CategoricalDistribution(list(engines))}
+    engine's own (``vllm.chunk_size``, ...), speculation's only where the engine's offer has a method."""
+    out: dict[str, BaseDistribution] = {"engine": CategoricalDistribution(list(offers))}
     p = space.parameters
-    draft_choices = list(p.draft_model.choices) if p.draft_model is not None else list(drafts)
-    for engine in engines:
+    for engine, offer in offers.items():
         name = f"{engine}.{{}}".format
         for key in ("chunk_size", "max_num_seqs", "tensor_parallel"):
             choices: Choices | None = getattr(p, key)
@@ -217,53 +325,87 @@ def distributions(space: Space, engines: Sequence[str], drafts: Sequence[str]) -
         elif p.memory_fraction is not None:
             r = p.memory_fraction
             out[name("memory_fraction")] = FloatDistribution(r.low, r.high, step=r.step)
-        ks = p.num_speculative_tokens
-        if ks is None or not draft_choices:
-            continue  # nothing to speculate with: not tuned, so no trial claims a K it never ran
-        out[name("num_speculative_tokens")] = (
-            CategoricalDistribution(ks.choices) if isinstance(ks, CountChoices) else IntDistribution(ks.low, ks.high)
-        )
-        _check_drafts(engine, [str(d) for d in draft_choices], drafts)
-        out[name("draft_model")] = CategoricalDistribution(draft_choices)
-        if engine == "vllm" and p.spec_schedule is not None:
-            out[name("spec_schedule")] = CategoricalDistribution(list(p.spec_schedule.choices))
+        out.update({name(k): d for k, d in speculation_distributions(p, offer).items()})
     return out
 
 
-def _check_drafts(engine: str, named: Sequence[str], drafts: Sequence[str]) -> None:
-    """A draft the space names must be one the model has (``--draft-model``), one the engine runs
-    without a model, or a model folder; else a launch would carry the bare name as the draft's path."""
-    free = ADAPTERS[engine].model_free_drafts
-    for draft in named:
-        if draft not in drafts and draft not in free and not (Path(draft) / "config.json").is_file():
-            known = ", ".join([*drafts, *free]) or "none: give one with --draft-model"
-            raise ConfigError(f"parameters.draft_model: no draft {draft!r} for {engine} here; drafts: {known}")
+def speculation_distributions(p: Parameters, offer: Offer) -> dict[str, BaseDistribution]:
+    """One engine's speculation parameters (unprefixed): none unless some method would speculate."""
+    ks = p.num_speculative_tokens
+    if not offer.speculates or ks is None or max(k_values(ks, every=False)) < 1:
+        return {}  # nothing to speculate with: not tuned, so no trial claims a K it never ran
+    k: BaseDistribution = (
+        CategoricalDistribution([c for c in ks.choices if c > 0])
+        if isinstance(ks, CountChoices)
+        else IntDistribution(max(ks.low, 1), ks.high)
+    )
+    out: dict[str, BaseDistribution] = {
+        "spec_method": CategoricalDistribution(list(offer.methods)),
+        "num_speculative_tokens": k,
+    }
+    for method, drafts in offer.drafts.items():
+        out[f"{method}.draft"] = CategoricalDistribution(list(drafts))
+    taken = {param for params in offer.params.values() for param in params}
+    for param in ENGINE_PARAMS:
+        given = getattr(p, param)
+        if param in taken and given is not None:
+            out[param] = CategoricalDistribution(labels(param, given))
+    return out
 
 
-def suggest(
-    trial: optuna.Trial, space: Space, engines: Sequence[str], drafts: Sequence[str], is_default: bool
-) -> Config:
+def labels(param: str, given: ScheduleChoices | LookupChoices | TreeChoices) -> list[str]:
+    """An engine parameter's choices as Optuna's categorical choices: a schedule's name, a pair's label."""
+    if isinstance(given, ScheduleChoices):
+        return list(given.choices)
+    return [pair_label(c, PAIR_SEP[param]) for c in given.choices]
+
+
+def suggest(trial: optuna.Trial, space: Space, offers: Mapping[str, Offer], is_default: bool) -> Config:
     """Sample one config over the engines that run here; the enqueued default trial samples only its engine."""
-    engine = str(trial.suggest_categorical("engine", list(engines)))
+    engine = str(trial.suggest_categorical("engine", list(offers)))
     eager = space.static.enforce_eager
     if is_default:
         return Config(engine=engine, params={}, enforce_eager=eager, is_default=True)
-    dists, params = distributions(space, [engine], drafts), {}
+    dists, params = distributions(space, {engine: offers[engine]}), {}
     name = f"{engine}.{{}}".format
-    for key in ("chunk_size", "max_num_seqs", "tensor_parallel", "memory_fraction", "num_speculative_tokens"):
+    for key in ("chunk_size", "max_num_seqs", "tensor_parallel", "memory_fraction"):
         if name(key) in dists:
             params[key] = _draw(trial, name(key), dists[name(key)])
     if isinstance(dists.get(name("memory_fraction")), FloatDistribution):
         params["memory_fraction"] = round(params["memory_fraction"], 6)  # 0.30000000000000004 from the step grid
-    if params.get("num_speculative_tokens"):
-        params["num_speculative_tokens"] = int(params["num_speculative_tokens"])
-        params["draft_model"] = _draw(trial, name("draft_model"), dists[name("draft_model")])
-        if name("spec_schedule") in dists and space.parameters.spec_schedule is not None:
-            chosen = str(_draw(trial, name("spec_schedule"), dists[name("spec_schedule")]))
-            ranges = space.parameters.spec_schedule.choices[chosen]
-            if ranges is not None:  # a fixed K is no parameter at all: the engine's own behaviour
-                params["spec_schedule"] = [list(r) for r in ranges]
+    params.update(_speculation(trial, space.parameters, offers[engine], engine, dists))
     return Config(engine=engine, params=params, enforce_eager=eager)
+
+
+def _speculation(
+    trial: optuna.Trial, p: Parameters, offer: Offer, engine: str, dists: Mapping[str, BaseDistribution]
+) -> dict[str, Any]:
+    """The method first, then only what it takes (see the module docstring)."""
+    name = f"{engine}.{{}}".format
+    if name("spec_method") not in dists:
+        return {}
+    method = str(_draw(trial, name("spec_method"), dists[name("spec_method")]))
+    if method == OFF:
+        return {"spec_method": OFF}
+    params: dict[str, Any] = {
+        "spec_method": method,
+        "num_speculative_tokens": int(
+            _draw(trial, name("num_speculative_tokens"), dists[name("num_speculative_tokens")])
+        ),
+    }
+    if method in WITH_DRAFT:
+        params["draft_model"] = str(_draw(trial, name(f"{method}.draft"), dists[name(f"{method}.draft")]))
+    for param in offer.params.get(method, ()):
+        if name(param) not in dists:
+            continue
+        chosen = str(_draw(trial, name(param), dists[name(param)]))
+        if param == "spec_schedule":
+            ranges = p.spec_schedule.choices[chosen] if p.spec_schedule is not None else None
+            if ranges is not None:  # a fixed K is no parameter at all: the engine's own behaviour
+                params[param] = [list(r) for r in ranges]
+        else:
+            params[param] = pair_of(chosen, PAIR_SEP[param])
+    return params
 
 
 def _draw(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
@@ -276,9 +418,9 @@ def _draw(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
 
 
 # A space that a study's earlier trials fix: Optuna rejects a distribution changed under a name.
-def check_space_fits(study: optuna.Study, space: Space, engines: Sequence[str], drafts: Sequence[str]) -> None:
+def check_space_fits(study: optuna.Study, space: Space, offers: Mapping[str, Offer]) -> None:
     """Refuse, in one line, a space whose parameters Optuna would reject in this study's trials."""
-    planned = distributions(space, engines, drafts)
+    planned = distributions(space, offers)
     seen: set[str] = set()
     for trial in study.get_trials(deepcopy=False):
         for param, old in trial.distributions.items():

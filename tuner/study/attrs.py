@@ -65,6 +65,8 @@ class TrialAttrs(TypedDict, total=False):
     pruned: dict[str, Any] | None
     memory_estimate: dict[str, Any] | None
     memory_facts: dict[str, float]
+    # method, label, draft, num_speculative_tokens, acceptance_rate, mean_accept_len, steps (None: off)
+    speculation: dict[str, Any] | None
     capacity: dict[str, Any]  # CapacityOutcome.as_dict(): every tier's search and curve
     capacity_req_s: float
     capacity_interactive_req_s: float

@@ -10,7 +10,7 @@
 # stress check: 996 prompt tokens x concurrency 4, cold cache: TTFT p95 250.4 ms, passed
 # verdict: winner on goodput_req_s: trials 0
 # Run with the engine environment's Python; HOST and PORT come from the environment.
-# vLLM's OpenAI server through its Python entry point, exactly as `python -m` would start it.
+# The engine's server through its Python entry point, exactly as `python -m` would start it.
 import os
 import runpy
 import sys

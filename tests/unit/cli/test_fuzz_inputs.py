@@ -633,7 +633,8 @@ def test_a_draft_the_space_names_but_nothing_provides_is_bad_input(tmp_path: Pat
     space = tmp_path / "space.yaml"
     space.write_text("engines: [vllm]\nparameters:\n  num_speculative_tokens: {choices: [2]}\n"
                      "  draft_model: {choices: [my-draft]}\n")  # fmt: skip
-    _refused(["plan", "--workload", "rag", "--space", str(space), "--n", "1"], "no draft 'my-draft' for vllm")
+    _refused(["plan", "--workload", "rag", "--space", str(space), "--n", "1"], "no draft 'my-draft' here")
     _refused(
-        ["plan", "--workload", "rag", "--space", str(space), "--n", "1", "--model", str(model)], "drafts: ngram"
-    )  # a user's target without --draft-model has only the model-free one
+        ["plan", "--workload", "rag", "--space", str(space), "--n", "1", "--model", str(model)],
+        "drafts: none: give one with --draft-model",
+    )  # a user's target without --draft-model has none

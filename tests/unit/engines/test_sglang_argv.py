@@ -403,3 +403,44 @@ def test_rate_gauges_with_several_label_sets_stay_rates() -> None:
     assert rate is not None and 0.6 <= rate <= 0.8
     assert hits is not None and 0.5 <= hits <= 0.7
     assert length is not None and 2.0 <= length <= 3.0
+
+
+# --- every speculative method --------------------------------------------------------------------
+
+HEADS = ModelSpec(
+    path="/models/target",
+    drafts={"eagle3-head": "/models/eagle3-head", "eagle-head": "/models/eagle-head"},
+    draft_kinds={"eagle3-head": "eagle3", "eagle-head": "eagle"},
+    mtp_layers=1,
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "draft", "algorithm", "path"),
+    [
+        ("eagle3", "eagle3-head", "EAGLE3", "/models/eagle3-head"),
+        ("eagle", "eagle-head", "EAGLE", "/models/eagle-head"),
+        ("mtp", None, "NEXTN", "/models/target"),  # the target's own MTP layers
+    ],
+)
+@pytest.mark.parametrize(("k", "tree", "topk", "tokens"), [(3, None, 1, 4), (3, [1, 9], 1, 4), (3, [4, 8], 4, 8),
+                                                           (1, [4, 8], 4, 5), (2, [2, 99], 2, 7)])  # fmt: skip
+def test_the_eagle_family_sets_its_three_tree_flags_together(
+    method: str, draft: str | None, algorithm: str, path: str, k: int, tree: list[int] | None, topk: int, tokens: int
+) -> None:
+    params: dict[str, Any] = {"spec_method": method, "num_speculative_tokens": k}
+    params.update({"draft_model": draft} if draft else {})
+    params.update({"spec_tree": tree} if tree else {})
+    argv = _launch(params, model=HEADS).argv
+    assert _value(argv, "--speculative-algorithm") == algorithm
+    assert _value(argv, "--speculative-draft-model-path") == path
+    assert int(_value(argv, "--speculative-num-steps")) == k
+    # top-k 1 is a chain of K + 1; a wider tree keeps at most what K steps of it propose, plus one
+    assert (int(_value(argv, "--speculative-eagle-topk")), int(_value(argv, "--speculative-num-draft-tokens"))) == (
+        topk, tokens,
+    )  # fmt: skip
+
+
+def test_sglang_has_no_suffix_decoding() -> None:
+    assert "suffix" not in SglangAdapter().spec_methods
+    assert set(SglangAdapter().spec_methods) == {"draft_model", "eagle", "eagle3", "mtp", "ngram"}

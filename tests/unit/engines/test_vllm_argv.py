@@ -333,3 +333,52 @@ def test_a_draft_the_model_lacks_is_bad_input_not_a_path(draft: str) -> None:
     # before: the bare name went into --speculative-config as the draft's model path
     with pytest.raises(ConfigError, match=f"no draft '{draft}' here"):
         _launch({"num_speculative_tokens": 2, "draft_model": draft})
+
+
+# --- every speculative method --------------------------------------------------------------------
+
+HEADS = ModelSpec(
+    path="/models/target",
+    drafts={"draft-2l": "/models/draft-2l", "eagle3-head": "/models/eagle3-head", "eagle-head": "/models/eagle-head"},
+    draft_kinds={"eagle3-head": "eagle3", "eagle-head": "eagle"},
+    mtp_layers=1,
+)
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"spec_method": "eagle3", "num_speculative_tokens": 3, "draft_model": "eagle3-head"},
+         {"model": "/models/eagle3-head", "num_speculative_tokens": 3, "method": "eagle3"}),
+        ({"spec_method": "eagle", "num_speculative_tokens": 2, "draft_model": "eagle-head"},
+         {"model": "/models/eagle-head", "num_speculative_tokens": 2, "method": "eagle"}),
+        ({"spec_method": "draft_model", "num_speculative_tokens": 4, "draft_model": "draft-2l"},
+         {"model": "/models/draft-2l", "num_speculative_tokens": 4, "method": "draft_model"}),
+        ({"spec_method": "mtp", "num_speculative_tokens": 1}, {"num_speculative_tokens": 1, "method": "mtp"}),
+        ({"spec_method": "ngram", "num_speculative_tokens": 3, "ngram_lookup": [2, 5]},
+         {"num_speculative_tokens": 3, "method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5}),
+        ({"spec_method": "ngram", "num_speculative_tokens": 3}, {"num_speculative_tokens": 3, "method": "ngram"}),
+        ({"spec_method": "suffix", "num_speculative_tokens": 8}, {"num_speculative_tokens": 8, "method": "suffix"}),
+        ({"spec_method": "eagle3", "num_speculative_tokens": 3, "draft_model": "eagle3-head",
+          "spec_schedule": [[1, 8, 3], [9, 4096, 0]]},
+         {"model": "/models/eagle3-head", "num_speculative_tokens": 3, "method": "eagle3",
+          "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 4096, 0]]}),
+    ],
+)  # fmt: skip
+def test_each_method_is_one_speculative_config_with_vllms_keys(
+    params: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    assert _spec_config(_launch(params, model=HEADS).argv) == expected
+
+
+@pytest.mark.parametrize("params", [{"spec_method": "off", "num_speculative_tokens": 3}, {"spec_method": "off"}])
+def test_method_off_emits_no_speculative_flag(params: dict[str, Any]) -> None:
+    assert "--speculative-config" not in _launch(params, model=HEADS).argv
+
+
+def test_draft_slots_by_method() -> None:
+    """Only a draft model takes a scheduling slot per request (0.32's max_num_new_slots_for_drafting)."""
+    adapter = VllmAdapter()
+    slots = {m: adapter.draft_slots({"spec_method": m, "num_speculative_tokens": 3}) for m in adapter.spec_methods}
+    assert slots == {"draft_model": 1, "eagle": 0, "eagle3": 0, "mtp": 0, "ngram": 0, "suffix": 0}
+    assert adapter.draft_slots({"spec_method": "off"}) == 0

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tuner.engines import ADAPTERS
+from tuner.engines.base import EngineAdapter
 from tuner.measure.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
 from tuner.measure.process import tail
 
@@ -29,6 +31,10 @@ SERVED = {
     SGLANG / "trial-0001-sglang-defaults-served.log": "The server is fired up and ready to roll!",
     SGLANG / "trial-0007-sglang-standalone-k2-served.log": "The server is fired up and ready to roll!",
 }
+
+
+def _adapter(path: Path) -> EngineAdapter:
+    return ADAPTERS[path.parent.name.split("-")[0]]()
 
 
 def _failures() -> dict[int, str | None]:
@@ -51,9 +57,9 @@ def test_oom_log_holds_vllms_startup_memory_check() -> None:
 
 
 def test_oom_on_a_shared_gpu_is_oom_boot_from_the_whole_log_and_from_its_tail() -> None:
-    assert match_signature(OOM_LOG.read_text()) == "oom_boot"
+    assert match_signature(OOM_LOG.read_text(), ADAPTERS["vllm"]()) == "oom_boot"
     # what ServerProcess._fail classifies: the last 400 lines, exit status 1
-    assert classify_boot(tail(OOM_LOG, max_lines=400), 1, timed_out=False) == "oom_boot"
+    assert classify_boot(tail(OOM_LOG, max_lines=400), 1, False, ADAPTERS["vllm"]()) == "oom_boot"
 
 
 def test_the_study_recorded_oom_boot_and_went_on() -> None:
@@ -76,7 +82,7 @@ def test_served_boot_logs_match_no_failure_signature(path: Path) -> None:
     torchao warnings included)."""
     text = path.read_text()
     assert SERVED[path] in text
-    assert match_signature(text) is None
+    assert match_signature(text, _adapter(path)) is None
 
 
 @pytest.mark.parametrize("path", sorted(SERVED), ids=lambda p: p.name)
@@ -84,10 +90,10 @@ def test_served_logs_after_ready(path: Path) -> None:
     """classify_serve on what the log holds after the ready line: fine while alive, a crash (not
     an out-of-memory) if the server had died, request errors above the bound."""
     text = path.read_text()
-    since_ready = text[text.index(SERVED[path]) :]
-    assert classify_serve(since_ready, alive=True, error_rate=0.0, max_error_rate=0.005) is None
-    assert classify_serve(since_ready, alive=False, error_rate=0.0, max_error_rate=0.005) == "crash_on_request"
-    assert classify_serve(since_ready, alive=True, error_rate=0.5, max_error_rate=0.005) == "request_errors"
+    since_ready, adapter = text[text.index(SERVED[path]) :], _adapter(path)
+    assert classify_serve(since_ready, alive=True, error_rate=0.0, max_error_rate=0.005, adapter=adapter) is None
+    assert classify_serve(since_ready, False, 0.0, 0.005, adapter) == "crash_on_request"
+    assert classify_serve(since_ready, True, 0.5, 0.005, adapter) == "request_errors"
 
 
 def test_oom_text_after_ready_makes_a_death_oom_load() -> None:
@@ -95,8 +101,9 @@ def test_oom_text_after_ready_makes_a_death_oom_load() -> None:
     served = (VLLM / "trial-0000-vllm-defaults-served.log").read_text()
     oom_lines = [ln for ln in OOM_LOG.read_text().splitlines() if "is less than desired" in ln]
     assert oom_lines
-    assert match_signature(oom_lines[0]) in OOM_CLASSES
-    assert classify_serve(served + "\n" + oom_lines[0], alive=False, error_rate=1.0, max_error_rate=0.005) == "oom_load"
+    vllm = ADAPTERS["vllm"]()
+    assert match_signature(oom_lines[0], vllm) in OOM_CLASSES
+    assert classify_serve(served + "\n" + oom_lines[0], False, 1.0, 0.005, vllm) == "oom_load"
 
 
 def test_rejected_speculative_config_log_is_vllms_validation_error() -> None:
@@ -107,4 +114,4 @@ def test_rejected_speculative_config_log_is_vllms_validation_error() -> None:
 
 
 def test_rejected_speculative_config_should_be_invalid_config() -> None:
-    assert classify_boot(tail(REJECTED_LOG, max_lines=400), 1, timed_out=False) == "invalid_config"
+    assert classify_boot(tail(REJECTED_LOG, max_lines=400), 1, False, ADAPTERS["vllm"]()) == "invalid_config"

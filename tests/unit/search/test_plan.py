@@ -108,7 +108,6 @@ def seed3(dirs: Dirs) -> Run:
 
 def test_plan_prints_one_json_row_per_trial(seed3: Run) -> None:
     assert seed3.returncode == 0, seed3.stderr
-    assert seed3.stderr == ""
     assert len(seed3.stdout.splitlines()) == 20
     for row in seed3.rows():
         assert set(row) == ROW_KEYS
@@ -116,6 +115,30 @@ def test_plan_prints_one_json_row_per_trial(seed3: Run) -> None:
         assert isinstance(row["params"], dict)
         assert isinstance(row["env"], dict)
         assert isinstance(row["argv"], list) and all(isinstance(a, str) for a in row["argv"])
+
+
+def test_what_an_engine_or_the_model_cannot_run_is_left_out_with_one_line_each(seed3: Run) -> None:
+    """The default space lists every method; the generated target ships no MTP layers and SGLang has
+    no suffix decoding (no environment here, so no package is known to be missing)."""
+    vllm, sglang = (f"{e} {_newest(ADAPTERS[e].supported_versions)}" for e in ("vllm", "sglang"))
+    lines = seed3.stderr.splitlines()
+    assert sorted(line.split(" left out of its space: ")[0] for line in lines) == sorted(
+        [f"{vllm}: MTP", f"{sglang}: MTP", f"{sglang}: suffix decoding"]
+    ), seed3.stderr
+    assert all("ships no MTP layers" in line for line in lines if ": MTP " in line)
+    assert f"{sglang}: suffix decoding left out of its space: sglang has no suffix decoding" in lines
+    methods = {(r["engine"], r["params"].get("spec_method")) for r in seed3.rows()}
+    assert ("sglang", "suffix") not in methods and not any(m == "mtp" for _, m in methods)
+
+
+def test_another_supported_version_is_planned_on_request(dirs: Dirs) -> None:
+    older = ADAPTERS["vllm"].supported_versions[0]
+    run = _plan(dirs, "--workload", "rag", "--engines", "vllm", "--engine-version", f"vllm={older}", "--n", "3")
+    assert run.returncode == 0, run.stderr
+    assert {r["engine_version"] for r in run.rows()} == {older}
+    assert f"vllm {older}: MTP left out of its space" in run.stderr
+    refused = _plan(dirs, "--workload", "rag", "--engine-version", "vllm=0.1", "--n", "3")
+    assert refused.returncode == 2 and refused.stderr.startswith("tuner: --engine-version vllm=0.1: ")
 
 
 def test_both_engines_are_planned_without_a_gpu(seed3: Run) -> None:

@@ -64,7 +64,7 @@ def test_the_h200_rejection_is_generalised_and_nothing_else() -> None:
     """Trial 13 of the H200 study: vLLM 0.26 rejected chunk 512 with draft-2l at K = 2."""
     trial = _gpu_trial(13)
     assert trial.user_attrs["failure"] == "invalid_config"
-    assert classify_boot(trial.user_attrs["log_tail"], 1, False) == "invalid_config"
+    assert classify_boot(trial.user_attrs["log_tail"], 1, False, VllmAdapter()) == "invalid_config"
     harder = Config("vllm", {**trial.user_attrs["config"], "num_speculative_tokens": 5})
     assert rejected_like(harder, [trial], VLLM) is trial
     easier = Config("vllm", {**trial.user_attrs["config"], "chunk_size": 2048})

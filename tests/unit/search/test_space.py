@@ -8,12 +8,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.engines.base import Config
+from tests.unit.search.offers import DRAFTS, model_of, offers
+from tuner.engines.base import Config, ModelSpec
 from tuner.errors import ConfigError
 from tuner.search.scoring import DIRECTIONS
 from tuner.search.space import DEFAULT_SPACE, Space, load_space, suggest
-
-DRAFTS = ["draft-2l", "draft-1l"]
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -50,7 +49,8 @@ def test_default_space_loads_and_is_usable() -> None:
     assert p.memory_fraction is not None
     assert 0.0 < p.memory_fraction.low < p.memory_fraction.high <= 1.0
     assert p.num_speculative_tokens is not None
-    assert p.num_speculative_tokens.low == 0, "speculation must be able to be off"
+    assert "off" in p.methods(), "speculation must be able to be off"
+    assert set(p.methods()) == {"off", "draft_model", "eagle3", "eagle", "mtp", "ngram", "suffix"}, "every method"
     assert p.num_speculative_tokens.high > 0, "and on"
     assert space.static.max_model_len > 0
 
@@ -152,9 +152,11 @@ def _default_space() -> Space:
     return load_space()
 
 
-def _sample(study: optuna.Study, space: Space, drafts: list[str]) -> tuple[optuna.Trial, Config]:
+def _sample(
+    study: optuna.Study, space: Space, drafts: list[str], model: ModelSpec | None = None, engine: str = "vllm"
+) -> tuple[optuna.Trial, Config]:
     trial = study.ask()
-    return trial, suggest(trial, space, ["vllm"], drafts, is_default=False)
+    return trial, suggest(trial, space, offers(space, [engine], model or model_of(drafts)), is_default=False)
 
 
 def test_sampled_params_are_named_per_engine() -> None:
@@ -166,7 +168,11 @@ def test_sampled_params_are_named_per_engine() -> None:
         assert tuned, "the default space tunes something"
         assert all(k.startswith("vllm.") for k in tuned), tuned
         # what the study records is what the engine gets (a float may be rounded off its step grid)
-        engine_side = {f"vllm.{k}": v for k, v in config.params.items()}
+        # (a draft is recorded under its method's name: vllm.<method>.draft)
+        method = config.params.get("spec_method")
+        engine_side = {
+            f"vllm.{method}.draft" if k == "draft_model" else f"vllm.{k}": v for k, v in config.params.items()
+        }
         assert set(tuned) == set(engine_side)
         for key, value in tuned.items():
             if isinstance(value, float):
@@ -191,31 +197,70 @@ def test_sampled_values_stay_inside_the_space() -> None:
         if p.memory_fraction.step:
             steps = (f - p.memory_fraction.low) / p.memory_fraction.step
             assert math.isclose(steps, round(steps), abs_tol=1e-6), f
-        assert p.num_speculative_tokens.low <= params["num_speculative_tokens"] <= p.num_speculative_tokens.high
+        if params["spec_method"] != "off":
+            assert p.num_speculative_tokens.low <= params["num_speculative_tokens"] <= p.num_speculative_tokens.high
         study.tell(trial, [1.0, 1.0])
 
 
 def test_draft_model_sampled_only_when_speculation_is_on() -> None:
     study, space = _study(), _default_space()
-    study.enqueue_trial({"engine": "vllm", "vllm.num_speculative_tokens": 0})
-    study.enqueue_trial({"engine": "vllm", "vllm.num_speculative_tokens": 3})
+    study.enqueue_trial({"engine": "vllm", "vllm.spec_method": "off"})
+    study.enqueue_trial({"engine": "vllm", "vllm.spec_method": "draft_model", "vllm.num_speculative_tokens": 3})
     seen = set()
-    for _ in range(30):
+    for _ in range(40):
         trial, config = _sample(study, space, DRAFTS)
-        k = trial.params["vllm.num_speculative_tokens"]
-        assert config.params["num_speculative_tokens"] == k
-        if k == 0:
-            assert "vllm.draft_model" not in trial.params
-            assert "draft_model" not in config.params
+        method = trial.params["vllm.spec_method"]
+        assert config.params["spec_method"] == method
+        if method == "off":
+            assert set(config.params) & {"num_speculative_tokens", "draft_model"} == set()
+            assert not [k for k in trial.params if k.endswith(".draft") or k.endswith("speculative_tokens")]
         else:
-            assert trial.params["vllm.draft_model"] in DRAFTS
-            assert config.params["draft_model"] == trial.params["vllm.draft_model"]
-        seen.add(k > 0)
+            assert config.params["num_speculative_tokens"] == trial.params["vllm.num_speculative_tokens"] >= 1
+        if method == "draft_model":
+            assert trial.params["vllm.draft_model.draft"] in DRAFTS
+            assert config.params["draft_model"] == trial.params["vllm.draft_model.draft"]
+        seen.add(method)
         study.tell(trial, [1.0, 1.0])
-    assert seen == {True, False}
+    # the generated drafts only: no head, no MTP layers, no arctic_inference is not known (assumed)
+    assert seen == {"off", "draft_model", "ngram", "suffix"}
+
+
+def test_each_method_gets_only_the_heads_that_serve_it_and_its_engines_own_parameters(tmp_path: Path) -> None:
+    space = load_space(
+        _write(
+            tmp_path,
+            "engines: [vllm, sglang]\nparameters:\n  spec_method: {choices: [eagle3, eagle, ngram, draft_model]}\n"
+            "  num_speculative_tokens: {low: 1, high: 3}\n  ngram_lookup: {choices: [[2, 4]]}\n"
+            "  spec_tree: {choices: [[4, 8]]}\n",
+        )
+    )
+    model = model_of(["draft-2l", "eagle3-head", "eagle-head"], {"eagle3-head": "eagle3", "eagle-head": "eagle"})
+    serves = {"eagle3": "eagle3-head", "eagle": "eagle-head", "draft_model": "draft-2l"}
+    for engine in ("vllm", "sglang"):
+        study = _study()
+        for _ in range(40):
+            trial, config = _sample(study, space, [], model, engine)
+            p, method = config.params, config.params["spec_method"]
+            assert p.get("draft_model") == serves.get(method), p
+            assert ("ngram_lookup" in p) == (engine == "vllm" and method == "ngram"), p
+            assert ("spec_tree" in p) == (engine == "sglang" and method != "ngram"), p
+            assert p.get("ngram_lookup", [2, 4]) == [2, 4] and p.get("spec_tree", [4, 8]) == [4, 8]
+            study.tell(trial, [1.0, 1.0])
+
+
+def test_a_bare_off_in_yaml_is_the_method_and_k_counts_from_one(tmp_path: Path) -> None:
+    space = load_space(_write(tmp_path, "parameters:\n  spec_method: {choices: [off, ngram]}\n"
+                                        "  num_speculative_tokens: {choices: [2]}\n"))  # fmt: skip
+    assert space.parameters.methods() == ("off", "ngram")
+    message = _error(tmp_path, "parameters:\n  spec_method: {choices: [off, ngram]}\n"
+                               "  num_speculative_tokens: {low: 0, high: 2}\n")  # fmt: skip
+    assert "off is a method of its own" in message
+    assert "unknown method 'eagle4'" in _error(tmp_path, "parameters:\n  spec_method: {choices: [eagle4]}\n")
+    assert "give num_speculative_tokens" in _error(tmp_path, "parameters:\n  spec_method: {choices: [ngram]}\n")
 
 
 def test_draft_choices_from_yaml_override_model_drafts(tmp_path: Path) -> None:
+    """A space written before methods were a parameter: a method named as a draft is that method."""
     space = load_space(
         _write(
             tmp_path,
@@ -224,15 +269,15 @@ def test_draft_choices_from_yaml_override_model_drafts(tmp_path: Path) -> None:
     )
     study = _study()
     trial, config = _sample(study, space, DRAFTS)
-    assert dict(config.params) == {"num_speculative_tokens": 2, "draft_model": "ngram"}
-    assert trial.params == {"engine": "vllm", "vllm.num_speculative_tokens": 2, "vllm.draft_model": "ngram"}
+    assert dict(config.params) == {"spec_method": "ngram", "num_speculative_tokens": 2}
+    assert trial.params == {"engine": "vllm", "vllm.spec_method": "ngram", "vllm.num_speculative_tokens": 2}
 
 
 def test_recorded_speculation_matches_the_config_without_drafts(tmp_path: Path) -> None:
     space = load_space(_write(tmp_path, "parameters:\n  num_speculative_tokens: {low: 3, high: 3}\n"))
     trial, config = _sample(_study(), space, [])
     recorded = trial.params.get("vllm.num_speculative_tokens", 0)
-    assert config.params.get("num_speculative_tokens", 0) == recorded
+    assert config.params.get("num_speculative_tokens", 0) == recorded == 0, "no draft: nothing to speculate with"
 
 
 def test_untuned_parameters_are_not_sampled(tmp_path: Path) -> None:
@@ -246,7 +291,7 @@ def test_default_trial_has_no_tuned_params() -> None:
     study, space = _study(), _default_space()
     study.enqueue_trial({"engine": "vllm"})
     trial = study.ask()
-    config = suggest(trial, space, ["vllm"], DRAFTS, is_default=True)
+    config = suggest(trial, space, offers(space, ["vllm"]), is_default=True)
     assert config.is_default
     assert config.engine == "vllm"
     assert dict(config.params) == {}

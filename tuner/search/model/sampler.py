@@ -42,6 +42,7 @@ from tuner.search.model.history import Served, Shape, served_of
 from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
 from tuner.search.rejections import rejected_like
 from tuner.search.space import Space, distributions, suggest
+from tuner.search.speculation import Offer
 from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, trial_attrs
 from tuner.study.feasible import feasible_trials
 from tuner.workloads.base import load_tokenizer
@@ -59,7 +60,7 @@ class ModelContext:
 
     space: Space
     adapters: Mapping[str, EngineAdapter]
-    drafts: Sequence[str]
+    offers: Mapping[str, Offer]  # what each engine may speculate with (tuner.search.speculation)
     model: ModelSpec
     device: Device
     plan: CapacityPlan
@@ -96,7 +97,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self, study: optuna.Study, trial: optuna.trial.FrozenTrial
     ) -> dict[str, BaseDistribution]:
         c = self._context
-        return {} if c is None else distributions(c.space, list(c.adapters), list(c.drafts))
+        return {} if c is None else distributions(c.space, c.offers)
 
     def sample_relative(
         self, study: optuna.Study, trial: optuna.trial.FrozenTrial, search_space: dict[str, BaseDistribution]
@@ -190,14 +191,13 @@ class ModelSampler(optuna.samplers.BaseSampler):
         """Configs worth predicting: not tried yet, not screened out, not refused like an earlier one."""
         c = self._context
         assert c is not None
-        engines = list(c.adapters)
         try:
-            points = grid_points(c.space, engines, list(c.drafts))
+            points = grid_points(c.space, c.offers)
         except ConfigError:  # a continuous space: a seeded draw of it
             points = []
         if not points or len(points) > CANDIDATES:
             rng = random.Random(f"{self._seed}:candidates:{number}")
-            dists = distributions(c.space, engines, list(c.drafts))
+            dists = distributions(c.space, c.offers)
             points = [_draw(dists, rng) for _ in range(CANDIDATES)]
         tried = [t.params for t in study.get_trials(deepcopy=False) if t.params]
         finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -237,7 +237,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
 def _config(c: ModelContext, point: Mapping[str, Any], default: bool) -> Config:
     """The config a trial with these Optuna params runs: ``suggest`` itself, on a fixed trial."""
     trial = cast(optuna.Trial, optuna.trial.FixedTrial(dict(point)))  # it answers every suggest_* as Trial does
-    return suggest(trial, c.space, list(c.adapters), list(c.drafts), default)
+    return suggest(trial, c.space, c.offers, default)
 
 
 def _asked(point: Mapping[str, Any], config: Config) -> dict[str, Any]:
@@ -283,7 +283,7 @@ def _record(study: optuna.Study, tier: str) -> list[tuple[float, float]]:
     return out
 
 
-def context_of(space: Space, ctx: TrialContext) -> ModelContext:
+def context_of(space: Space, ctx: TrialContext, offers: Mapping[str, Offer]) -> ModelContext:
     """The sampler's context from a study's trial context: its workload's requests become the shapes
     the model simulates, each prompt cut into blocks with the target's tokenizer (none where the
     tokenizer cannot be read: the model then spreads each step's measured prefix hits instead)."""
@@ -301,7 +301,7 @@ def context_of(space: Space, ctx: TrialContext) -> ModelContext:
             blocks[r.request_id] = tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
     shapes = [Shape(r.prompt_tokens, r.max_tokens, blocks.get(r.request_id)) for r in requests]
     adapters = {name: adapter for name, (adapter, _) in ctx.engines.items()}
-    return ModelContext(space, adapters, list(ctx.model.drafts), ctx.model, ctx.device, ctx.capacity, shapes, blocks)
+    return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, shapes, blocks)
 
 
 def served_trials(study: optuna.Study, blocks: Mapping[str, tuple[int, ...]]) -> list[Served]:
