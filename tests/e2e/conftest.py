@@ -72,3 +72,15 @@ def tuner(*args: str, env: dict[str, str] | None = None, timeout: float = 1200) 
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def search_study(study: str, storage: str, trials: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`tuner search` of the e2e studies: rag, capacity under both tiers, steps that decide soon."""
+    return tuner(
+        "search", "--workload", "rag", "--study", study, "--storage", storage, "--trials", str(trials),
+        "--requests", "8", "--seed", "1", "--objective", "capacity-pareto",
+        # one doubling is close enough here: the tests check the search's plumbing, not its precision
+        "--resolution", "1.0",
+        "--confidence", "0.6",  # and steps that decide sooner than at the CPU default, for the same reason
+        *extra,
+    )  # fmt: skip

@@ -5,12 +5,10 @@ shared by the tests of this module (every boot costs about 20-40 s, every capaci
 trial 0 is enqueued with a KV-cache share too small for the max model length, so it must fail at
 boot as ``kv_insufficient`` and the study must go on; trial 1 asks for an even smaller share, which
 the memory screen must then reject without booting; trial 2 is the engine's default config. The
-finalist's last repeat runs the stress check. Then the same study is resumed for three more boots
-(and no finalists), which speculate with three methods (``SPECULATING``: the generated EAGLE-3 head,
-n-gram lookup, the generated draft model), each recording its acceptance from vLLM's counters at
-every capacity step. The default's capacity is their incumbent, so a method that cannot carry it
-is pruned after two steps: they cost little more than their boots. Sampled trials are the fault
-suite's and the sampler benchmark's to exercise: here they would add a boot.
+finalist's last repeat runs the stress check, and each tier's winner is verified by vLLM's own
+client. The speculative methods have a study of their own (``test_methods_e2e``), which a parallel
+test run serves beside this one. Sampled trials are the fault suite's and the sampler benchmark's to
+exercise: here they would add a boot.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ import httpx
 import optuna
 import pytest
 
-from tests.e2e.conftest import ROOT, engine_processes, tuner
+from tests.e2e.conftest import ROOT, engine_processes, search_study, tuner
 from tuner.measure.process import free_port
 from tuner.search.scoring import directions
 from tuner.search.space import load_space
@@ -41,13 +39,6 @@ MAX_MODEL_LEN = load_space().static.max_model_len
 pytestmark = pytest.mark.engine
 STUDY = "e2e"
 BASE = {"engine": "vllm", "vllm.chunk_size": 512, "vllm.max_num_seqs": 4}
-# Three methods on the generated models, each with what it takes (tuner.search.space names)
-SPECULATING = {
-    "eagle3": {"vllm.spec_method": "eagle3", "vllm.num_speculative_tokens": 2, "vllm.eagle3.draft": "eagle3-head"},
-    "ngram": {"vllm.spec_method": "ngram", "vllm.num_speculative_tokens": 2},
-    "draft_model": {"vllm.spec_method": "draft_model", "vllm.num_speculative_tokens": 2,
-                    "vllm.draft_model.draft": "draft-2l"},
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +47,7 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _search(storage: str, trials: int, *extra: str) -> subprocess.CompletedProcess[str]:
-    return tuner(
-        "search", "--workload", "rag", "--study", STUDY, "--storage", storage, "--trials", str(trials),
-        "--requests", "8", "--seed", "1", "--objective", "capacity-pareto",
-        # one doubling is close enough here: the tests check the search's plumbing, not its precision
-        "--resolution", "1.0",
-        "--confidence", "0.6",  # and steps that decide sooner than at the CPU default, for the same reason
-        *extra,
-    )  # fmt: skip
+    return search_study(STUDY, storage, trials, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +64,6 @@ def study(storage: str) -> optuna.Study:
     assert done.stderr.count("sglang: left out of this study") == 1, done.stderr[:2000]
     for phase in ("boot", "warmup", "step", "score"):
         assert f" {phase} " in done.stderr, f"no {phase} progress line"
-    return optuna.load_study(study_name=STUDY, storage=storage)
-
-
-@pytest.fixture(scope="module")
-def speculated(study: optuna.Study, storage: str) -> optuna.Study:
-    """The same study resumed with three more boots, one per method, and nothing after them (its own
-    fixture, so its time is its test's: the tests before it see the study as the first run left it).
-    The default's capacity is their incumbent, so a method that cannot carry it is cut after two steps."""
-    for params in SPECULATING.values():
-        study.enqueue_trial({**BASE, "vllm.memory_fraction": 0.6, **params}, user_attrs={"config_kind": "sampled"})
-    more = _search(storage, 2 + len(SPECULATING), "--finalists", "0", "--repeats", "0", "--no-stress")
-    assert more.returncode == 0, more.stderr[-3000:]
-    # the generated target ships no MTP layers, and this environment has no arctic-inference
-    assert "vllm 0.32.0: MTP left out of its space" in more.stderr, more.stderr[:2000]
-    assert "vllm 0.32.0: suffix decoding left out of its space: its environment lacks arctic_inference" in more.stderr
     return optuna.load_study(study_name=STUDY, storage=storage)
 
 
@@ -370,34 +339,3 @@ def test_verify_boots_each_tiers_winner_and_vllms_client_judges_it(study: optuna
             assert set(run["tiers"]) == {tier} and run["goal_met"].keys() == {tier}
             verdict = run["tiers"][tier]
             assert 0.0 <= verdict["attainment"] <= 1.0 and 0 < verdict["n_counted"] <= verdict["n_requests"]
-
-
-def test_each_method_booted_and_its_acceptance_is_recorded_at_every_step(speculated: optuna.Study) -> None:
-    """Three methods really ran on the vLLM CPU build (one a generated EAGLE-3 head), each read back
-    through vLLM's own counters: the trial's acceptance, and every capacity step's. A method that
-    cannot carry the default's capacity is pruned, and recorded all the same."""
-    by_method = {t.user_attrs["speculation"]["method"]: t for t in _searched(speculated)[3:]}
-    assert set(by_method) == set(SPECULATING), "the methods the CPU build booted"
-    said = []
-    for method, trial in by_method.items():
-        attrs, spec = trial.user_attrs, trial.user_attrs["speculation"]
-        assert attrs["failure"] is None and attrs["booted"], (method, attrs["failure"], attrs["log_tail"][-2000:])
-        assert trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED), trial.state
-        config = json.loads(_spec_config(attrs["launch"]["args"]))
-        assert config["method"] == method and config["num_speculative_tokens"] == 2 == spec["num_speculative_tokens"]
-        # vLLM counts drafts whatever the method (a step where n-gram lookup found no match proposes none)
-        counted = [step for step in spec["steps"] if step["acceptance_rate"] is not None]
-        assert counted, (method, spec)
-        for step in counted:
-            assert 0.0 <= step["acceptance_rate"] <= 1.0 and 1.0 <= step["mean_accept_len"] <= 3.0, (method, step)
-        assert spec["acceptance_rate"] in [step["acceptance_rate"] for step in spec["steps"]]
-        said.append(f"{method} ({spec['draft'] or 'no model'}): acceptance {spec['acceptance_rate']}, "
-                    f"mean accepted length {spec['mean_accept_len']}")  # fmt: skip
-    # the agreeing draft is right more often than a random head (near zero by construction)
-    accepted = {method: t.user_attrs["speculation"]["acceptance_rate"] or 0.0 for method, t in by_method.items()}
-    assert accepted["draft_model"] > accepted["eagle3"], said
-    print("booted on the vLLM CPU build: " + "; ".join(said))
-
-
-def _spec_config(args: list[str]) -> str:
-    return args[args.index("--speculative-config") + 1]

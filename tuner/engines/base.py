@@ -240,8 +240,10 @@ class EngineAdapter(abc.ABC):
         return 1  # any positive KV pool
 
     def bench_dataset(self, prompts: Sequence[str], output_lens: Sequence[int]) -> str:
-        self._no_bench()
-        return ""
+        """A ShareGPT file of these prompts (``sharegpt_dataset``): the form both engines' clients read."""
+        if self.bench_module is None:
+            self._no_bench()
+        return sharegpt_dataset(prompts, output_lens)
 
     def bench_argv(
         self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,

@@ -51,7 +51,6 @@ from tuner.engines.base import (
     LaunchSpec,
     ModelSpec,
     rows_from_lists,
-    sharegpt_dataset,
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
 from tuner.engines.speculation import OFF, WITH_DRAFT, WITH_TARGET_LAYERS, SpecSupport, draft_of, method_of
@@ -104,9 +103,6 @@ class SglangAdapter(EngineAdapter):
     waiting_gauge = "sglang:num_queue_reqs"
     needs_gpu = True
     bench_module = "sglang.bench_serving"
-
-    def bench_dataset(self, prompts: Sequence[str], output_lens: Sequence[int]) -> str:
-        return sharegpt_dataset(prompts, output_lens)
 
     def bench_argv(
         self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,

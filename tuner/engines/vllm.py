@@ -46,7 +46,7 @@ dataset (which takes a length per entry) needs pandas, which neither engine's en
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -61,7 +61,6 @@ from tuner.engines.base import (
     ModelSpec,
     SchedulerLimits,
     rows_from_lists,
-    sharegpt_dataset,
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
 from tuner.engines.speculation import OFF, WITH_DRAFT, SpecSupport, draft_of, method_of
@@ -142,9 +141,6 @@ class VllmAdapter(EngineAdapter):
 
     bench_module = "vllm.benchmarks.serve"
     bench_own_output_lens = True  # BENCH_SERVE reads each entry's output_tokens
-
-    def bench_dataset(self, prompts: Sequence[str], output_lens: Sequence[int]) -> str:
-        return sharegpt_dataset(prompts, output_lens)
 
     def bench_argv(
         self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,

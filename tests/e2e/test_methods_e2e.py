@@ -1,0 +1,79 @@
+"""Speculative methods end to end on the real vLLM CPU build: one study of four boots.
+
+Trial 0 is the engine's default config, searched alone first so that its capacity is the incumbent
+of what follows. Then the study is resumed for three more boots (and no finalists), which speculate
+with three methods (``SPECULATING``: the generated EAGLE-3 head, n-gram lookup, the generated draft
+model), each recording its acceptance from vLLM's counters at every capacity step. A method that
+cannot carry the default's capacity is pruned after two steps: they cost little more than their
+boots. The study is its own module's, so a parallel test run serves it beside the search e2e's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from tests.e2e.conftest import search_study
+
+pytestmark = pytest.mark.engine
+STUDY = "methods"
+BASE = {"engine": "vllm", "vllm.chunk_size": 512, "vllm.max_num_seqs": 4, "vllm.memory_fraction": 0.6}
+# Three methods on the generated models, each with what it takes (tuner.search.space names)
+SPECULATING = {
+    "eagle3": {"vllm.spec_method": "eagle3", "vllm.num_speculative_tokens": 2, "vllm.eagle3.draft": "eagle3-head"},
+    "ngram": {"vllm.spec_method": "ngram", "vllm.num_speculative_tokens": 2},
+    "draft_model": {"vllm.spec_method": "draft_model", "vllm.num_speculative_tokens": 2,
+                    "vllm.draft_model.draft": "draft-2l"},
+}  # fmt: skip
+NO_FINALISTS = ("--finalists", "0", "--repeats", "0", "--no-stress")
+
+
+@pytest.fixture(scope="module")
+def speculated(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
+    storage = f"sqlite:///{tmp_path_factory.mktemp('methods') / 'methods.db'}"
+    first = search_study(STUDY, storage, 1, *NO_FINALISTS)  # the engine default alone: the incumbent
+    assert first.returncode == 0, first.stderr[-3000:]
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    for params in SPECULATING.values():
+        study.enqueue_trial({**BASE, **params}, user_attrs={"config_kind": "sampled"})
+    more = search_study(STUDY, storage, 1 + len(SPECULATING), *NO_FINALISTS)
+    assert more.returncode == 0, more.stderr[-3000:]
+    # the generated target ships no MTP layers, and this environment has no arctic-inference
+    assert "vllm 0.32.0: MTP left out of its space" in more.stderr, more.stderr[:2000]
+    assert "vllm 0.32.0: suffix decoding left out of its space: its environment lacks arctic_inference" in more.stderr
+    return optuna.load_study(study_name=STUDY, storage=storage)
+
+
+def test_each_method_booted_and_its_acceptance_is_recorded_at_every_step(speculated: optuna.Study) -> None:
+    """Three methods really ran on the vLLM CPU build (one a generated EAGLE-3 head), each read back
+    through vLLM's own counters: the trial's acceptance, and every capacity step's. A method that
+    cannot carry the default's capacity is pruned, and recorded all the same."""
+    trials = speculated.get_trials()
+    assert trials[0].user_attrs["config_kind"] == "engine_default" and trials[0].user_attrs["failure"] is None
+    by_method = {t.user_attrs["speculation"]["method"]: t for t in trials[1:]}
+    assert set(by_method) == set(SPECULATING), "the methods the CPU build booted"
+    said = []
+    for method, trial in by_method.items():
+        attrs, spec = trial.user_attrs, trial.user_attrs["speculation"]
+        assert attrs["failure"] is None and attrs["booted"], (method, attrs["failure"], attrs["log_tail"][-2000:])
+        assert trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED), trial.state
+        config = json.loads(_spec_config(attrs["launch"]["args"]))
+        assert config["method"] == method and config["num_speculative_tokens"] == 2 == spec["num_speculative_tokens"]
+        # vLLM counts drafts whatever the method (a step where n-gram lookup found no match proposes none)
+        counted = [step for step in spec["steps"] if step["acceptance_rate"] is not None]
+        assert counted, (method, spec)
+        for step in counted:
+            assert 0.0 <= step["acceptance_rate"] <= 1.0 and 1.0 <= step["mean_accept_len"] <= 3.0, (method, step)
+        assert spec["acceptance_rate"] in [step["acceptance_rate"] for step in spec["steps"]]
+        said.append(f"{method} ({spec['draft'] or 'no model'}): acceptance {spec['acceptance_rate']}, "
+                    f"mean accepted length {spec['mean_accept_len']}")  # fmt: skip
+    # the agreeing draft is right more often than a random head (near zero by construction)
+    accepted = {method: t.user_attrs["speculation"]["acceptance_rate"] or 0.0 for method, t in by_method.items()}
+    assert accepted["draft_model"] > accepted["eagle3"], said
+    print("booted on the vLLM CPU build: " + "; ".join(said))
+
+
+def _spec_config(args: list[str]) -> str:
+    return args[args.index("--speculative-config") + 1]
