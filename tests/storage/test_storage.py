@@ -50,7 +50,7 @@ def _result(ttft: float, throughput: float, failure: str | None = None) -> Trial
 def _run(study: optuna.Study, result: TrialResult) -> None:
     trial = study.ask()
     trial.suggest_categorical("engine", ["vllm"])
-    study.tell(trial, record(trial, result))
+    study.tell(trial, record(trial, result, "pareto"))
 
 
 def test_a_study_round_trips_through_the_storage(storage: str) -> None:

@@ -77,7 +77,7 @@ class SearchObjective:
     study: optuna.Study
     space: Space
     ctx: TrialContext
-    objective: str = "pareto"
+    objective: str  # a name in tuner.study.objectives.REGISTRY; callers pass theirs
     screen: bool = True
     prune: bool = True
     runner: Runner | None = None  # None: tuner.measure.trial.run_trial
@@ -251,7 +251,7 @@ RECORDED_AS_IS = tuple(f.name for f in fields(TrialResult) if f.name not in RECO
 
 
 def record(
-    trial: optuna.Trial, result: TrialResult, objective: str = "pareto", slo: Mapping[str, float] | None = None
+    trial: optuna.Trial, result: TrialResult, objective: str, slo: Mapping[str, float] | None = None
 ) -> list[float]:
     """Store the trial's user attributes and return its objective values."""
     attrs = cast(TrialAttrs, {name: getattr(result, name) for name in RECORDED_AS_IS})

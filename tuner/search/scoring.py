@@ -62,7 +62,7 @@ def slo_excess(objective: str, metrics: Mapping[str, float], slo: Mapping[str, f
     return excess
 
 
-def violation(result: TrialResult, objective: str = "pareto", slo: Mapping[str, float] | None = None) -> float:
+def violation(result: TrialResult, objective: str, slo: Mapping[str, float] | None = None) -> float:
     if result.failure is not None:
         return 1.0
     errors = max(0.0, result.metrics.get("error_rate", 1.0) - MAX_ERROR_RATE)

@@ -70,7 +70,7 @@ def _add_trial(
     launch = VllmAdapter().launch(config, model, DEVICE, 43210, python, "0.32.0")
     metrics = {"ttft_p95_ms": 120.0, "output_throughput_tok_s": 75.0, "error_rate": error_rate}
     result = TrialResult(config=config, launch=launch, engine_version="0.32.0", failure=failure, metrics=metrics)
-    study.tell(trial, list(record(trial, result)))
+    study.tell(trial, list(record(trial, result, "pareto")))
     return study.get_trials(deepcopy=False)[trial.number]
 
 
@@ -363,7 +363,7 @@ def _add_engine_trial(
     trial = study.ask()
     trial.set_user_attr("config_kind", "sampled")
     result = TrialResult(config=config, launch=launch, engine_version=version, metrics=metrics)
-    study.tell(trial, list(record(trial, result)))
+    study.tell(trial, list(record(trial, result, "pareto")))
     return study.get_trials(deepcopy=False)[trial.number]
 
 

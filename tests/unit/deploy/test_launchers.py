@@ -89,7 +89,7 @@ def _manifest(model_path: str, params: dict[str, Any], study_name: str = "launch
     launch = SglangAdapter().launch(config, model, DEVICE, 43210, PYTHON, VERSION)
     metrics = {"ttft_p95_ms": 120.0, "output_throughput_tok_s": 75.0, "error_rate": 0.0}
     trial = study.ask()
-    study.tell(trial, list(record(trial, TrialResult(config, launch, VERSION, metrics=metrics))))
+    study.tell(trial, list(record(trial, TrialResult(config, launch, VERSION, metrics=metrics), "pareto")))
     return manifest(study, study.get_trials(deepcopy=False)[trial.number])
 
 

@@ -172,7 +172,7 @@ def test_the_export_writes_the_toys_formats_checked_by_its_own_parser(toy: type[
     trial.set_user_attr("config_kind", "sampled")
     figures = {"ttft_p95_ms": 90.0, "output_throughput_tok_s": 300.0, "error_rate": 0.0}
     result = TrialResult(Config("toy", params), launch, VERSION, metrics=figures)
-    study.tell(trial, list(record(trial, result)))
+    study.tell(trial, list(record(trial, result, "pareto")))
     written = export_study(study, None, tmp_path / "out", {"toy": sys.executable})
     assert sorted(p.name.split(".", 1)[1] for p in written) == ["compose.yaml", "json", "sh"]
     manifest = json.loads(next(p for p in written if p.suffix == ".json").read_text())

@@ -34,7 +34,7 @@ def _add(
                          metrics={"ttft_p95_ms": 50.0, "output_throughput_tok_s": 10.0, "error_rate": 0.0})  # fmt: skip
     trial = study.ask()
     trial.set_user_attr("config_kind", "sampled")
-    study.tell(trial, record(trial, result))
+    study.tell(trial, record(trial, result, "pareto"))
 
 
 def _study() -> optuna.Study:

@@ -94,7 +94,7 @@ def test_a_config_known_to_be_too_small_is_screened_and_never_booted(ctx: TrialC
     study, engine = _study(), ScriptedEngine()
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.2, "vllm.chunk_size": 512})
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.1, "vllm.chunk_size": 1024})
-    objective = SearchObjective(study, _space([0.1, 0.2, 0.9], [512, 1024]), ctx, runner=engine, prune=False)
+    objective = SearchObjective(study, _space([0.1, 0.2, 0.9], [512, 1024]), ctx, "pareto", runner=engine, prune=False)
     study.optimize(objective, n_trials=2)
     first, second = study.trials
     assert first.user_attrs["failure"] == "kv_insufficient" and len(engine.booted) == 1
@@ -110,7 +110,7 @@ def test_screened_trials_do_not_use_up_the_boot_budget(ctx: TrialContext) -> Non
     study, engine = _study(), ScriptedEngine()
     enqueue_defaults(study, ["vllm"])
     space = _space([0.05, 0.1, 0.9, 0.95], [512, 1024, 1536, 2048])
-    objective = SearchObjective(study, space, ctx, runner=engine, prune=False)
+    objective = SearchObjective(study, space, ctx, "pareto", runner=engine, prune=False)
     run_slots(study, objective, Budget(boots=4), Reservation("memory", "test"), [Slot(ctx)])
     assert len(engine.booted) == 4 and objective.boots == 4
     assert all(t.user_attrs["worker"]["pid"] > 0 for t in study.trials if t.user_attrs.get("booted"))
@@ -124,7 +124,7 @@ def test_a_trial_clearly_worse_than_one_already_measured_is_pruned(ctx: TrialCon
     study, engine = _study(), ScriptedEngine()
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 2048})
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 512})  # 4x slower
-    objective = SearchObjective(study, _space([0.9], [512, 2048]), ctx, runner=engine)
+    objective = SearchObjective(study, _space([0.9], [512, 2048]), ctx, "pareto", runner=engine)
     study.optimize(objective, n_trials=2)
     fast, slow = study.trials
     assert fast.state == optuna.trial.TrialState.COMPLETE and fast.user_attrs["checkpoints"]
@@ -136,7 +136,7 @@ def test_a_config_already_measured_is_told_again_without_a_boot(ctx: TrialContex
     study, engine = _study(), ScriptedEngine()
     for _ in range(2):
         study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 1024})
-    objective = SearchObjective(study, _space([0.9], [1024, 2048]), ctx, runner=engine, prune=False)
+    objective = SearchObjective(study, _space([0.9], [1024, 2048]), ctx, "pareto", runner=engine, prune=False)
     study.optimize(objective, n_trials=2)
     first, again, explore = study.trials
     assert len(engine.booted) == 1 and objective.boots == 1
@@ -160,7 +160,7 @@ def test_the_engine_default_boots_even_where_the_screen_predicts_it_cannot_fit(c
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.95, "vllm.chunk_size": 512})
     enqueue_defaults(study, ["vllm"])
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 512})
-    objective = SearchObjective(study, _space([0.9, 0.95], [512]), small, runner=engine, prune=False)
+    objective = SearchObjective(study, _space([0.9, 0.95], [512]), small, "pareto", runner=engine, prune=False)
     study.optimize(objective, n_trials=3)
     calibrating, default, sampled = study.trials
     assert calibrating.user_attrs["failure"] == "kv_insufficient"
@@ -178,7 +178,7 @@ def test_the_engine_default_is_never_pruned_however_slow(ctx: TrialContext) -> N
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 2048})
     enqueue_defaults(study, ["vllm"])
     study.enqueue_trial({"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.chunk_size": 512})
-    objective = SearchObjective(study, _space([0.9], [512, 2048]), ctx, runner=engine)
+    objective = SearchObjective(study, _space([0.9], [512, 2048]), ctx, "pareto", runner=engine)
     study.optimize(objective, n_trials=3)
     fast, default, slow = study.trials
     assert fast.state == optuna.trial.TrialState.COMPLETE and fast.user_attrs["checkpoints"]

@@ -128,7 +128,7 @@ def test_the_search_records_a_config_no_easier_than_a_rejected_one_without_a_boo
     study.enqueue_trial({**fixed, "vllm.chunk_size": 512, "vllm.num_speculative_tokens": 2})
     study.enqueue_trial({**fixed, "vllm.chunk_size": 512, "vllm.num_speculative_tokens": 4})
     study.enqueue_trial({**fixed, "vllm.chunk_size": 2048, "vllm.num_speculative_tokens": 4})
-    objective = SearchObjective(study, space, ctx, runner=engine, prune=False)
+    objective = SearchObjective(study, space, ctx, "pareto", runner=engine, prune=False)
     study.optimize(objective, n_trials=3)
     first, second, third = study.trials
     assert first.user_attrs["failure"] == "invalid_config" and first.user_attrs["booted"] is True

@@ -99,7 +99,7 @@ def test_finalists_are_the_best_feasible_plus_the_engine_default() -> None:
         trial.suggest_categorical("engine", ["vllm"])
         if trial.user_attrs.get("config_kind") is None:
             trial.set_user_attr("config_kind", "sampled")
-        study.tell(trial, record(trial, _result(ttft, throughput, failure)))
+        study.tell(trial, record(trial, _result(ttft, throughput, failure), "pareto"))
     chosen = [t.number for t in pick_finalists(study, 1)]
     assert chosen == [2, 0], "the best throughput on the front, then the default as the reference"
     assert [t.number for t in pick_finalists(study, 5)] == [2, 1, 0]

@@ -55,7 +55,7 @@ def _result(
 
 def _run(study: optuna.Study, result: TrialResult) -> optuna.trial.FrozenTrial:
     trial = study.ask()
-    values = record(trial, result)
+    values = record(trial, result, "pareto")
     study.tell(trial, list(values))
     return study.get_trials(deepcopy=False)[trial.number]
 
@@ -166,7 +166,7 @@ def test_enqueue_defaults_after_the_default_trial_ran(study: optuna.Study) -> No
     trial = study.ask()
     assert trial.user_attrs["config_kind"] == DEFAULT_KIND
     assert trial.suggest_categorical("engine", ["vllm"]) == "vllm"
-    study.tell(trial, list(record(trial, _result(params={}))))
+    study.tell(trial, list(record(trial, _result(params={}), "pareto")))
     enqueue_defaults(study, ["vllm"])
     assert len(_defaults(study)) == 1
     assert not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
