@@ -106,6 +106,34 @@ def test_the_fit_recovers_the_costs_of_a_synthetic_engine() -> None:
     assert fit.residual < 0.03  # the token times it gives are within a few per cent of the true ones
 
 
+def _noisy(steps: list[ObservedStep], sigma: float, seed: int) -> list[ObservedStep]:
+    """The steps with each latency (from its arrival) times a log-normal factor of mean 1."""
+    rng, out = random.Random(seed), []
+    for step in steps:
+        factors = [math.exp(rng.gauss(-sigma * sigma / 2, sigma)) for _ in step.works]
+        arrivals = [w.arrival_s for w in step.works]
+        first = tuple(a + (f - a) * x for a, f, x in zip(arrivals, step.first_s, factors, strict=True))  # type: ignore[operator]
+        done = tuple(a + (d - a) * x for a, d, x in zip(arrivals, step.done_s, factors, strict=True))  # type: ignore[operator]
+        out.append(ObservedStep(step.limits, step.spec, step.works, first, done))
+    return out
+
+
+def test_noisy_latencies_do_not_pull_the_fit_below_them() -> None:
+    """Relative weights taken from the measurements would favour the fast ones; from the model, the
+    fitted latencies are the measured ones on average."""
+    steps = _noisy(_steps(Limits(512, 4, 4000), None, 4) + _steps(Limits(2048, 2, 8000), None, 5), 0.35, 6)
+    fit = fit_costs(steps)
+    assert fit is not None
+    ratios = []
+    for step in steps:
+        theta = fit.theta(None)
+        assert theta is not None
+        for work, line, done in zip(step.works, simulate(step.works, step.limits, theta), step.done_s, strict=True):
+            assert line.done_s is not None and done is not None
+            ratios.append((done - work.arrival_s) / (line.done_s + fit.overhead_s - work.arrival_s))
+    assert float(np.mean(ratios)) == pytest.approx(1.0, abs=0.07)
+
+
 SHAPES = [Shape(random.Random(i).randint(200, 600), 32) for i in range(24)]
 
 

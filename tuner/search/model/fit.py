@@ -6,8 +6,12 @@ start of its busy period + (summed iteration features) . costs + the request's o
 tokenising; one constant). The schedule itself depends on the costs (a request arriving mid-iteration
 waits for its end), so the fit is a fixed point: simulate every measured step under the current
 costs, solve the linear least squares for new costs (non-negative: no work makes an iteration
-faster), and repeat until the costs stop moving. Each equation is weighted by 1 / the request's
-latency, so the fit is on relative error: a short TTFT counts as much as a long end-to-end time.
+faster), and repeat until the costs stop moving. Each equation is weighted by 1 / the latency the
+current costs simulate for it, so the fit is on relative error (a short TTFT counts as much as a long
+end-to-end time) without favouring the requests that happened to be fast: dividing by the measured
+latency instead gives a slow measurement less weight than a fast one, which pulls every cost down
+(reports/search.md, "Why the model over-predicted"). This is iteratively reweighted least squares
+for latencies whose spread grows with their size.
 
 The target's costs are shared by every step of one engine; a draft model's two costs are fitted
 only from steps that ran it, so a draft never booted has none (``Fit.theta`` says so).
@@ -139,9 +143,11 @@ def _equations(
         if step.spec is not None:
             at = n_target + len(DRAFT_FEATURES) * drafts.index(step.spec.draft)
         for work, line, first, done in zip(step.works, timelines, step.first_s, step.done_s, strict=True):
-            for measured, start, features in ((first, line.first_start_s, line.first_features),
-                                              (done, line.done_start_s, line.done_features)):  # fmt: skip
-                if measured is None or features is None:
+            for measured, simulated, start, features in (
+                (first, line.first_s, line.first_start_s, line.first_features),
+                (done, line.done_s, line.done_start_s, line.done_features),
+            ):
+                if measured is None or simulated is None or features is None:
                     continue
                 row = np.zeros(len(costs))
                 row[:n_target] = features[:n_target]
@@ -150,12 +156,13 @@ def _equations(
                 row[-1] = 1.0  # the request's own overhead
                 rows.append(row)
                 ys.append(measured - start)
-                weights.append(1.0 / max(measured - work.arrival_s, MIN_LATENCY_S))
+                # the model's own latency, not the measured one (see the module's docstring)
+                weights.append(1.0 / max(simulated + costs[-1] - work.arrival_s, MIN_LATENCY_S))
     return np.array(rows), np.array(ys), np.array(weights)
 
 
 def _residual(a: np.ndarray, y: np.ndarray, w: np.ndarray, costs: np.ndarray) -> float:
-    """Relative RMS error of the token times the costs give, under the schedule they give."""
+    """RMS error of the token times the costs give, under the schedule they give, relative to them."""
     return math.sqrt(float(np.mean(((a @ costs - y) * w) ** 2))) if len(y) else math.inf
 
 
