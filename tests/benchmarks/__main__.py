@@ -51,6 +51,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_fidelity", ("--pin",)),
     ("bench_noise", ()),
     ("bench_prometheus", ()),
+    ("bench_saturation", ()),
     ("bench_quickstart", ()),
     ("bench_search", ()),
     ("bench_model", ()),

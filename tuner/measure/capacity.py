@@ -14,9 +14,12 @@ Rules, chosen so the answer is conservative and the search always ends:
   least-squares slope above ``SATURATION_SHARE`` of the arrival rate, and by more than Poisson noise
   moves it (``SATURATION_RISE`` requests, or three square roots of the mean in flight, whichever is
   more): completions lag arrivals, so the queue never settles. In-flight climbs to its level for as
-  long as a request lives, so growth is judged only from one lifetime (the longest of the step's
-  first requests, ``settled_from``) after the first send, and mid-step only over at least
-  ``MIN_WATCH_S`` from there.
+  long as a request lives, and a request lives longer as the batch it joins grows, so growth is
+  judged only from one lifetime after the first send (the ``SETTLE_QUANTILE`` of the lifetimes of
+  every request ended so far, ``settled_from``), mid-step only over at least ``MIN_WATCH_S`` from
+  there, and only when in-flight grows over each half of that window as well as over the whole: a
+  load-dependent batch wanders by far more than Poisson noise, and one wander reads as a slope over
+  a window, rarely over both of its halves (reports/capacity.md, section "The saturation test").
 - decided, not drawn: a step's attainment is a proportion with an interval (``attainment_interval``).
   It passes only when the interval's lower end is at or above the target, and fails only when its
   upper end is below it; otherwise it is *undecided*, and the step goes on serving (up to its limit)
@@ -50,7 +53,10 @@ SATURATION_RISE = 8.0  # fewest requests the in-flight count must rise by, so Po
 SATURATION_SAMPLES = 32
 # Poisson arrivals make in-flight wander by about its square root: a rise is believed above 3 of those.
 SATURATION_SIGMAS = 3.0
-SETTLE_SHARE = 0.25  # the first requests of a step, whose lifetimes tell how long in-flight climbs
+# each half of the judged window must rise by two of them: a wander seldom keeps its direction over both
+HALF_SIGMAS = 2.0
+SETTLE_QUANTILE = 0.75  # of the lifetimes ended so far: how long in-flight climbs before it can be judged
+MIN_LIVES = 5  # fewest ended requests whose lifetimes tell that climb
 MIN_WATCH_S = 5.0  # mid-step, saturation is judged over at least this long after warm-up, never on a glimpse
 FLOOR_DIVISOR = 8.0  # with no incumbent, halve down to start_rate / 8 before reporting no capacity
 PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at PRUNE_SHARE * c
@@ -203,17 +209,20 @@ def _end_s(row: Row) -> float:
 def settled_from(rows: Sequence[Row], start_s: float, end_s: float) -> float | None:
     """When the requests in flight should have reached their level, no sooner than ``start_s``.
 
-    In-flight climbs for as long as a request lives, at any rate. How long that is, is read from the
-    requests sent first (the first ``SETTLE_SHARE`` of the time up to ``end_s``), which met an empty
-    server: the longest of their lifetimes, after the first send. Later requests are not used, since
-    at a rate the server cannot carry their lifetimes grow with the queue. None while one of those
-    first requests still runs: no climb can be told from a pile-up yet."""
+    In-flight climbs for as long as a request lives, at any rate, and lifetimes grow with the batch
+    they join, so the first requests (which met an empty server) understate the climb. It is read
+    from every request that ended by ``end_s``: the ``SETTLE_QUANTILE`` of their lifetimes, after the
+    first send. At a rate the server cannot carry, lifetimes grow with the queue and the ended ones
+    lag it, so the window stays open but shorter. None until ``MIN_LIVES`` requests have ended."""
     first = min(float(r["sent_s"]) for r in rows)
-    early = [r for r in rows if float(r["sent_s"]) <= first + SETTLE_SHARE * (end_s - first)]
-    if any(r.get("done_s") is None and r.get("error") is None for r in early):
+    lives = [
+        float(r["done_s"]) - float(r["sent_s"])
+        for r in rows
+        if r.get("done_s") is not None and float(r["done_s"]) <= end_s
+    ]
+    if len(lives) < MIN_LIVES:
         return None
-    lives = [float(r["done_s"]) - float(r["sent_s"]) for r in early if r.get("done_s") is not None]
-    return max(start_s, first + max(lives, default=0.0))
+    return max(start_s, first + float(np.quantile(lives, SETTLE_QUANTILE)))
 
 
 def saturated(
@@ -226,25 +235,35 @@ def saturated(
     min_span_s: float = 0.0,
 ) -> bool:
     """Whether in-flight requests keep piling up over [start_s, end_s], judged from when they should
-    have settled (``settled_from``) and over at least ``min_span_s``; with end_s = now it works mid-step."""
+    have settled (``settled_from``) and over at least ``min_span_s``: growing over the window and over
+    each of its halves. With end_s = now it works mid-step."""
     settled = settled_from(rows, start_s, end_s) if rows else None
     if settled is None:
         return False
-    start_s = settled
-    span = end_s - start_s
+    span = end_s - settled
     if span <= 0 or span < min_span_s:
         return False
     sent = np.array([float(row["sent_s"]) for row in rows])
     ends = np.array([_end_s(row) for row in rows])
-    times = np.linspace(start_s, end_s, SATURATION_SAMPLES)
-    in_flight = ((sent[None, :] <= times[:, None]) & (ends[None, :] > times[:, None])).sum(axis=1)
-    arrival_rate = float(((sent >= start_s) & (sent <= end_s)).sum()) / span
-    return growing(times, in_flight.astype(float), arrival_rate, share=share, min_rise=min_rise)
+
+    def in_flight(a: float, b: float) -> tuple[np.ndarray, np.ndarray, float]:
+        times = np.linspace(a, b, SATURATION_SAMPLES)
+        counts = ((sent[None, :] <= times[:, None]) & (ends[None, :] > times[:, None])).sum(axis=1)
+        return times, counts.astype(float), float(((sent >= a) & (sent <= b)).sum()) / (b - a)
+
+    if not growing(*in_flight(settled, end_s), share=share, min_rise=min_rise):
+        return False
+    # each half must rise too, past a lower bar (half the window holds half the rise)
+    middle = (settled + end_s) / 2
+    return all(
+        growing(*in_flight(a, b), share=share, min_rise=min_rise / 2, sigmas=HALF_SIGMAS)
+        for a, b in ((settled, middle), (middle, end_s))
+    )
 
 
 def growing(
     times: Sequence[float] | np.ndarray, counts: Sequence[float] | np.ndarray, arrival_rate: float, *,
-    share: float = SATURATION_SHARE, min_rise: float = SATURATION_RISE,
+    share: float = SATURATION_SHARE, min_rise: float = SATURATION_RISE, sigmas: float = SATURATION_SIGMAS,
 ) -> bool:  # fmt: skip
     """Whether a count of requests (in flight, or waiting in the server's queue) sampled at ``times``
     keeps rising: a least-squares slope above ``share`` of the arrival rate, and a rise over the span
@@ -256,7 +275,7 @@ def growing(
     if span <= 0:
         return False
     slope = float(np.polyfit(t, y, 1)[0])
-    rise_needed = max(min_rise, SATURATION_SIGMAS * math.sqrt(max(float(y.mean()), 1.0)))
+    rise_needed = max(min_rise, sigmas * math.sqrt(max(float(y.mean()), 1.0)))
     return slope * span >= rise_needed and slope > share * arrival_rate
 
 

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from tests.batching_server import batched_rows, seen_at
 from tuner.errors import ConfigError
 from tuner.measure.capacity import (
+    MIN_WATCH_S,
     CapacityResult,
     CapacitySearch,
     Step,
@@ -199,10 +201,11 @@ def test_saturation_growing_in_flight_vs_steady() -> None:
     assert not saturated(steady(10.0, 20.0), 2.0, 18.0)
     assert not saturated(steady(0.5, 20.0, latency=3.0), 2.0, 18.0)
     # mid-step: the rows seen so far, unfinished ones without done_s, already show the pile-up
-    seen = [r if r["done_s"] <= 8.0 else {**r, "first_s": None, "done_s": None} for r in queued(10.0, 8.0, 0.2)]
-    assert saturated(seen, 1.0, 8.0)
-    assert should_abort(seen, STRICT, 0.9, now_s=8.0, warmup_s=1.0)
-    assert cut_reason(seen, STRICT, 0.9, now_s=8.0, warmup_s=1.0) == "saturated"
+    # (the climb is read from the ended requests' lifetimes, so the cut needs MIN_WATCH_S past them)
+    seen = [r if r["done_s"] <= 9.0 else {**r, "first_s": None, "done_s": None} for r in queued(10.0, 9.0, 0.2)]
+    assert saturated(seen, 1.0, 9.0)
+    assert should_abort(seen, STRICT, 0.9, now_s=9.0, warmup_s=1.0)
+    assert cut_reason(seen, STRICT, 0.9, now_s=9.0, warmup_s=1.0) == "saturated"
     assert not should_abort(steady(10.0, 8.0), {"e2e_p95_ms": 1000.0}, 0.9, now_s=8.0, warmup_s=1.0)
 
 
@@ -430,13 +433,43 @@ def test_the_climb_of_long_answers_is_no_saturation_and_no_collapse() -> None:
 
 
 def test_a_real_pile_up_of_long_answers_is_still_saturation() -> None:
-    """Lifetimes that grow with the queue: the first requests tell the climb, the rest pile up."""
+    """Lifetimes that grow with the queue: the ended requests tell the climb, the rest pile up. The
+    climb is read from the lifetimes that have ended, which lag a queue that grows, so a slow pile-up
+    is told later than by the first requests alone, but told."""
     rows, free = [], 0.0
-    for i in range(int(4.0 * 30.0)):  # 4 req/s into a server that finishes one every 0.4 s after 4 s
+    for i in range(int(4.0 * 40.0)):  # 4 req/s into a server that finishes one every 0.4 s after 4 s
         sent = i / 4.0
         free = max(free, sent + 4.0) + 0.4 if i else sent + 4.0
         rows.append(row(sent, 0.15, free - sent, tokens=512))
-    assert saturated(rows, 3.0, 27.0)
+    assert saturated(rows, 3.0, 36.0)
+
+
+# --- a continuous-batching server: lifetimes grow with the batch, and in-flight wanders -----------
+
+LOOKS_S = (8.0, 12.0, 16.0, 21.0, 27.0)  # where a 30 s step's monitor may cut
+
+
+def cut_saturated(rate: float, seed: int) -> bool:
+    rows = batched_rows(rate, LOOKS_S[-1] + 1.0, seed)
+    return any(saturated(seen_at(rows, now), 1.5, now, min_span_s=MIN_WATCH_S) for now in LOOKS_S)
+
+
+def test_a_batching_server_that_keeps_up_is_seldom_cut_as_saturated() -> None:
+    """As on the H200 (capacity-check-5), where the monitor cut steps that vLLM's own client then
+    carried at 1.2x: its answers of 256-768 tokens live longer as the batch grows, so in-flight climbs
+    past the first requests' lifetimes and wanders. The rule before judged from the longest of the
+    first requests' lifetimes over one window, and cut 4 and 10 of these 30 steps."""
+    for rate in (3.0, 5.33):
+        cuts = sum(cut_saturated(rate, seed) for seed in range(30))
+        assert cuts <= 3, (rate, cuts)
+
+
+def test_a_batching_server_that_cannot_keep_up_is_cut_as_saturated() -> None:
+    """Above the server's token rate the batch grows without end. The rule before waited for the first
+    requests to end, which under such a load end late, and cut 1 and 0 of these 30 steps."""
+    for rate in (15.0, 20.0):
+        cuts = sum(cut_saturated(rate, seed) for seed in range(30))
+        assert cuts >= 24, (rate, cuts)
 
 
 def test_a_step_waits_as_long_as_a_passing_request_can_take() -> None:

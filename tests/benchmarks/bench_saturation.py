@@ -1,0 +1,107 @@
+"""The saturation test of a capacity step, on a continuous-batching server whose truth is known.
+
+Run: ``.venv/bin/python -m tests.benchmarks.bench_saturation [--seeds N]`` (a few minutes; no engine).
+Not part of the default test run. Writes the section "saturation" of ``reports/capacity.md``.
+
+A step's monitor cuts a step as saturated when the requests in flight keep piling up
+(``tuner.measure.capacity.saturated``). On the H200 it cut steps that vLLM's own client then carried
+at 1.2x their rate (reports/gpu-h200/capacity-check-5/NOTES.md): `rag`'s answers live seconds, and
+longer as the batch grows. This replays that shape on ``tests/batching_server.py``, where a rate is
+carried or not by construction (its token rate against the server's), and counts, per rate and over
+seeded steps, the steps cut by 27 s (a 30 s step's looks) and by 50 s, under the current rule and under
+the rule it replaced (the climb read from the longest lifetime of the step's first quarter of
+requests, growth judged over one window), which this file keeps only to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tests.batching_server import batched_rows, carried, seen_at
+from tests.benchmarks import _report
+from tuner.measure.capacity import MIN_WATCH_S, SATURATION_SAMPLES, _end_s, growing, saturated
+
+NAME = "saturation"
+MD_PATH, JSON_PATH = _report.ROOT / "reports" / "capacity.md", _report.ROOT / "reports" / "capacity.json"
+RATES = (3.0, 5.33, 8.0, 10.0, 13.0, 15.0, 20.0)
+SHORT = (8.0, 12.0, 16.0, 21.0, 27.0)  # a 30 s step's looks after warm-up
+LONG = (*SHORT, 33.0, 40.0, 50.0)
+WARMUP_S = 1.5
+PREVIOUS_SHARE = 0.25  # the replaced rule: the first quarter of the time's requests told the climb
+
+Row = dict[str, Any]
+
+
+def previous_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_span_s: float) -> bool:
+    """The rule before: from the longest lifetime of the first requests (none while one still runs),
+    in-flight growing over one window."""
+    first = min(float(r["sent_s"]) for r in rows)
+    early = [r for r in rows if float(r["sent_s"]) <= first + PREVIOUS_SHARE * (end_s - first)]
+    if any(r.get("done_s") is None and r.get("error") is None for r in early):
+        return False
+    lives = [float(r["done_s"]) - float(r["sent_s"]) for r in early if r.get("done_s") is not None]
+    start = max(start_s, first + max(lives, default=0.0))
+    span = end_s - start
+    if span <= 0 or span < min_span_s:
+        return False
+    sent = np.array([float(r["sent_s"]) for r in rows])
+    ends = np.array([_end_s(r) for r in rows])
+    times = np.linspace(start, end_s, SATURATION_SAMPLES)
+    in_flight = ((sent[None, :] <= times[:, None]) & (ends[None, :] > times[:, None])).sum(axis=1)
+    rate = float(((sent >= start) & (sent <= end_s)).sum()) / span
+    return growing(times, in_flight.astype(float), rate)
+
+
+RULES: dict[str, Callable[[Sequence[Row], float, float, float], bool]] = {
+    "current": lambda rows, start, end, span: saturated(rows, start, end, min_span_s=span),
+    "previous": previous_saturated,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=30)
+    args = parser.parse_args()
+    run_stamp, before = _report.stamp(), _report.machine()
+    data: list[dict[str, Any]] = []
+    for rate in RATES:
+        counts = {f"{rule}_{until}": 0 for rule in RULES for until in ("27s", "50s")}
+        for seed in range(args.seeds):
+            rows = batched_rows(rate, LONG[-1] + 1.0, seed)
+            for rule, fn in RULES.items():
+                cuts = [fn(seen_at(rows, now), WARMUP_S, now, MIN_WATCH_S) for now in LONG]
+                counts[f"{rule}_27s"] += any(cuts[: len(SHORT)])
+                counts[f"{rule}_50s"] += any(cuts)
+        data.append({"rate_req_s": rate, "carried": carried(rate), **counts})
+    after = _report.machine()
+    n = args.seeds
+    rows_md = [
+        [f"{d['rate_req_s']:g}", "yes" if d["carried"] else "no",
+         f"{d['current_27s']}/{n}", f"{d['previous_27s']}/{n}", f"{d['current_50s']}/{n}", f"{d['previous_50s']}/{n}"]
+        for d in data
+    ]  # fmt: skip
+    wrong = {rule: sum(d[f"{rule}_27s"] if d["carried"] else n - d[f"{rule}_27s"] for d in data) for rule in RULES}
+    header = ["rate (req/s)", "carried", "cut by 27 s: current", "previous", "cut by 50 s: current", "previous"]
+    markdown = "\n\n".join([
+        "## The saturation test (`bench_saturation`)",
+        f"{n} seeded Poisson steps per rate on `tests/batching_server.py` (answers of 256-768 tokens; an "
+        "iteration's time grows with its batch; it carries a rate whose tokens are under its token rate). "
+        f"A cell is the steps the monitor cut as saturated at its looks ({', '.join(f'{t:g}' for t in SHORT)} s; "
+        f"then {', '.join(f'{t:g}' for t in LONG[len(SHORT):])} s), from warm-up {WARMUP_S:g} s, over at least "
+        f"{MIN_WATCH_S:g} s. A cut of a carried rate is a false fail; no cut of a rate not carried leaves "
+        "the step to its attainment.",
+        _report.table(header, rows_md),
+        "Wrong calls by 27 s over all rates (a carried rate cut, or a rate not carried left uncut): "
+        + ", ".join(f"{rule} rule {w} of {n * len(RATES)}" for rule, w in wrong.items()) + ".",
+        _report.contention(before, after),
+    ])  # fmt: skip
+    _report.write_section(NAME, markdown, {"stamp": run_stamp, "seeds": n, "rates": data}, MD_PATH, JSON_PATH)
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
