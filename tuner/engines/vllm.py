@@ -86,9 +86,13 @@ SPEC_METHODS = MappingProxyType({
 })  # fmt: skip
 # Failure signatures: vLLM's own log lines (tests/data/captures), most specific first.
 SIGNATURES: tuple[tuple[str, str], ...] = (
-    # 0.26's config validation on an H200: chunk 512 leaves no room for K=4 draft tokens; the same
-    # words with a positive count are only a warning on a server that boots
-    (r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings", "invalid_config"),
+    # the draft-slot refusal: 0.26's (on an H200, chunk 512 left no room for K=4 draft tokens; the same
+    # words with a positive count are only a warning on a server that boots), then 0.32's
+    (
+        r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
+        r"|does not have enough slots to schedule a token",
+        "invalid_config",
+    ),
     (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
     (r"No available memory for the cache blocks", "kv_insufficient"),
     (r"on kv cache allocation is less than requested memory", "oom_boot"),

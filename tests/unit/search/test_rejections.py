@@ -85,6 +85,11 @@ def test_a_rejection_for_another_cause_is_not_generalised_by_the_draft_slot_warn
     refused = optuna.trial.create_trial(value=0.0, user_attrs={**warned.user_attrs, "log_tail": (
         "ValueError: max_num_scheduled_tokens is set to 0 based on the speculative decoding settings")})  # fmt: skip
     assert rejected_like(Config("vllm", dict(REJECTED)), [refused], VLLM) is refused
+    newer = optuna.trial.create_trial(value=0.0, user_attrs={**warned.user_attrs, "log_tail": (
+        "Value error, VllmConfig does not have enough slots to schedule a token and support the "
+        "speculative decoding settings.")})  # fmt: skip  # 0.32's words for the same refusal
+    assert rejected_like(Config("vllm", dict(REJECTED)), [newer], VLLM) is newer
+    assert classify_boot(newer.user_attrs["log_tail"], 1, False, VLLM) == "invalid_config"
 
 
 def test_block4s_rejections_would_have_been_told_from_the_first() -> None:
