@@ -27,6 +27,8 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.engines.versions import matches
+
 OFF = "off"
 DRAFT_MODEL = "draft_model"  # what a config recorded before methods were a parameter speculated with
 METHODS = (DRAFT_MODEL, "eagle", "eagle3", "mtp", "ngram", "suffix")
@@ -88,7 +90,7 @@ def unavailable(
     support = supports.get(method)
     if support is None:
         return f"{engine} has no {LABELS.get(method, method)}"
-    if support.versions is not None and not any(version == v or version.startswith(v + ".") for v in support.versions):
+    if support.versions is not None and not matches(version, support.versions):
         return f"{engine} {version} has no {LABELS.get(method, method)} (it has from {', '.join(support.versions)})"
     if support.module is not None and modules is not None and support.module not in modules:
         return f"its environment lacks {support.module} ({support.install})"

@@ -31,9 +31,12 @@ Draft slots: vLLM reserves the drafting's extra scheduling slots per request out
 ``--max-num-batched-tokens`` and refuses at start a config left with no token to schedule
 (``draft_slots_signature``). A draft model drafting one token at a time takes one slot per request
 whatever K and whichever draft; EAGLE, EAGLE-3, MTP and n-gram lookup take none
-(``max_num_new_slots_for_drafting`` of 0.32's ``SpeculativeConfig``). 0.26 reserves them for every
-sequence: on the H200 it refused a draft model at chunk 1024 at K = 1 as at K = 2, and left 1024 of
-chunk 2048 to schedule at every K.
+(``max_num_new_slots_for_drafting`` of ``SpeculativeConfig``, 0.26 and 0.32). How much it reserves
+differs by version (``VllmConfig._set_max_num_scheduled_tokens``): 0.26 reserves the slots for every
+sequence the scheduler may run (``DRAFT_SLOTS_PER_SEQUENCE``), so it refuses batched tokens <= slots
+x ``max_num_seqs``: on the H200, whose default is 1024 sequences, a draft model at chunk 1024 at any
+K; 0.32 reserves them once, refusing only batched tokens <= slots. ``refusal`` applies that rule, and
+both versions' ``max_num_batched_tokens >= max_num_seqs``, before anything boots.
 
 Benchmark client (``tuner verify``): ``vllm bench serve``, run as ``vllm.benchmarks.serve``'s own
 parser and main from the engine's Python (the ``vllm`` console script fails in the CPU build), on a
@@ -64,8 +67,11 @@ from tuner.engines.base import (
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
 from tuner.engines.speculation import OFF, WITH_DRAFT, SpecSupport, draft_of, method_of
+from tuner.engines.versions import matches
 
 VLLM_DEFAULT_MEMORY_FRACTION = 0.92
+# versions whose config validation reserves each request's draft slots for every sequence it may run
+DRAFT_SLOTS_PER_SEQUENCE = ("0.26",)
 _FIXED_K = ("spec_schedule",)  # every method with a fixed K takes vLLM's K-by-batch-size schedule
 SPEC_METHODS = MappingProxyType({
     "draft_model": SpecSupport("draft_model", _FIXED_K, draft_slots=1),
@@ -80,9 +86,13 @@ SPEC_METHODS = MappingProxyType({
 })  # fmt: skip
 # Failure signatures: vLLM's own log lines (tests/data/captures), most specific first.
 SIGNATURES: tuple[tuple[str, str], ...] = (
-    # 0.26's config validation on an H200: chunk 512 leaves no room for K=4 draft tokens; the same
-    # words with a positive count are only a warning on a server that boots
-    (r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings", "invalid_config"),
+    # the draft-slot refusal: 0.26's (on an H200, chunk 512 left no room for K=4 draft tokens; the same
+    # words with a positive count are only a warning on a server that boots), then 0.32's
+    (
+        r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
+        r"|does not have enough slots to schedule a token",
+        "invalid_config",
+    ),
     (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
     (r"No available memory for the cache blocks", "kv_insufficient"),
     (r"on kv cache allocation is less than requested memory", "oom_boot"),
@@ -176,7 +186,25 @@ class VllmAdapter(EngineAdapter):
             tokens, seqs = 8192, 1024
         else:
             tokens, seqs = 2048, 256
-        return SchedulerLimits(int(params.get("chunk_size", tokens)), int(params.get("max_num_seqs", seqs)))
+        budget = int(params.get("chunk_size", tokens))
+        # a default sequence limit is capped at the token budget (_set_default_max_num_seqs_and_batched_tokens_args)
+        return SchedulerLimits(budget, int(params.get("max_num_seqs", min(seqs, budget))))
+
+    def refusal(self, params: Mapping[str, Any], device: Device, version: str) -> str | None:
+        if device.kind != "cpu" and device.memory_bytes <= 0 and "chunk_size" not in params:
+            return None  # the default token budget grows with the GPU's memory, unknown here
+        # a GPU of unknown memory gets the smallest default sequence limit, which refuses the fewest configs
+        limits = self.scheduler_limits(params, device)
+        tokens, seqs = int(limits.token_budget or 0), int(limits.max_seqs or 0)
+        if tokens < seqs:  # SchedulerConfig.verify_max_model_len
+            return f"max_num_seqs {seqs} is above the {tokens} batched tokens: vLLM needs a token per sequence"
+        slots = self.draft_slots(params) or 0
+        per_sequence = matches(version, DRAFT_SLOTS_PER_SEQUENCE)
+        reserved = slots * seqs if per_sequence else slots
+        if slots == 0 or tokens > reserved:
+            return None
+        reserves = f"{slots} draft slot(s) for each of {seqs} sequences" if per_sequence else f"{slots} draft slot(s)"
+        return f"vLLM {version} reserves {reserves} out of {tokens} batched tokens, leaving none to schedule"
 
     def launch(
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str

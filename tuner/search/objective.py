@@ -3,9 +3,12 @@
 Per trial, in order:
 
 1. sample a config from the space (the enqueued engine default samples only its engine);
-2. the memory screen (``tuner.search.memory``) estimates its KV cache from the model's shape, calibrated on
-   every earlier trial of the study; a config it finds cannot fit is recorded as ``screened``
-   (infeasible, with the estimate) and its engine never boots. The engine default is never screened;
+2. a config the engine's own validation refuses (``EngineAdapter.refusal``), or one no easier than a
+   config it refused before (``tuner.search.rejections``), is recorded as ``invalid_config`` without
+   a boot; then the memory screen (``tuner.search.memory``) estimates its KV cache from the model's
+   shape, calibrated on every earlier trial of the study; a config it finds cannot fit is recorded as
+   ``screened`` (infeasible, with the estimate) and its engine never boots. The engine default is
+   never screened;
 3. otherwise the trial runs (``runner``: ``tuner.measure.trial.run_trial``, or a table in the benchmark),
    with a pruner watching its workload (``tuner.search.pruning``) against the feasible trials so far;
 4. the result is stored on the trial (``record``); a pruned trial ends PRUNED.
@@ -110,7 +113,7 @@ class SearchObjective:
         ctx = self.ctx
         config = suggest(trial, self.space, self.engine_offers, default)
         finished = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        adapter = ctx.engines[config.engine][0]
+        adapter, version = ctx.engines[config.engine][0], ctx.engines[config.engine][1].version
         est = estimate(
             config, ctx.model, ctx.device, observations([t.user_attrs for t in finished]),
             adapter.default_memory_fraction, adapter.kv_tokens_required(ctx.model), self.free_memory(),
@@ -119,6 +122,10 @@ class SearchObjective:
         twin = None if default else self._measured_twin(config)
         if twin is not None:
             return self._duplicate(trial, config, twin, estimate_attrs)
+        refused = None if default or not self.screen else adapter.refusal(config.params, ctx.device, version)
+        if refused is not None:
+            why = f"the engine's own validation refuses it: {refused}"
+            return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, refused=refused)
         like = rejected_like(config, finished, adapter) if self.screen else None
         if like is not None:
             why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
@@ -223,9 +230,10 @@ class SearchObjective:
 
     def _not_booted(
         self, trial: optuna.Trial, config: Config, failure: str, phase: str, why: str,
-        est: dict[str, Any] | None, rejected_like: int | None = None,
+        est: dict[str, Any] | None, rejected_like: int | None = None, refused: str | None = None,
     ) -> Prepared:  # fmt: skip
-        """Record, with ``failure`` and no boot, a config screened out or rejected like an earlier one."""
+        """Record, with ``failure`` and no boot, a config screened out, refused by the engine's own
+        validation (``refused``: why, ``EngineAdapter.refusal``) or rejected like an earlier one."""
         adapter, env = self.ctx.engines[config.engine]
         launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
         self.ctx.progress.phase(trial.number, phase, f"{config.engine} {_describe(config)}: {why}; not booted")
@@ -235,6 +243,8 @@ class SearchObjective:
         write_trial_attrs(trial, TrialAttrs(booted=False))
         if rejected_like is not None:
             write_trial_attrs(trial, TrialAttrs(rejected_like=rejected_like))
+        if refused is not None:
+            write_trial_attrs(trial, TrialAttrs(refused=refused))
         return Prepared(config, est, False, told=True, values=values)
 
 

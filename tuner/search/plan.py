@@ -2,14 +2,18 @@
 
 It works for every engine on any machine (SGLang on a machine without a GPU included): where an
 engine's environment is missing, the argv names plain ``python3`` and the newest version the
-adapter supports, and the device is taken to be a GPU. ``--engine-version ENGINE=VERSION`` plans
-for another supported version the same way. The port is the engine's default one. A speculative
-method the space lists that an engine, its version, its environment or the model cannot run is
-left out of that engine's space with one line (``say``) saying why.
+adapter supports, and the device is taken to be a GPU: the one visible here, else one of unknown
+memory. ``--engine-version ENGINE=VERSION`` plans for another supported version the same way. The
+port is the engine's default one. A speculative method the space lists that an engine, its version,
+its environment or the model cannot run is left out of that engine's space with one line (``say``)
+saying why, and so is each sampled config the engine's own validation at that version refuses on
+that device (``EngineAdapter.refusal``); another is sampled in its place, so every row printed is
+one the engine accepts as far as its adapter knows.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,11 +24,13 @@ from tuner.engines import ADAPTERS, models
 from tuner.engines.base import Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError, EnvironmentSetupError
+from tuner.measure.telemetry import gpu_device, gpu_visible
 from tuner.search.model.ranking import rank
 from tuner.search.space import Space, load_space, suggest
 from tuner.search.speculation import EngineAt, study_offers
 
-PLANNED_GPU = Device("cuda", "NVIDIA GPU (planned)", 0)
+PLANNED_GPU = Device("cuda", "NVIDIA GPU (planned)", 0)  # memory unknown: the adapters' smallest defaults
+DRAWS_PER_ROW = 20  # a space the engine refuses almost everywhere ends the plan short instead of never
 
 
 def _env_or_none(adapter: EngineAdapter, where: str | None) -> EngineEnv | None:
@@ -72,14 +78,22 @@ def plan(
         say(note)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampling = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    rows = []
-    for _ in range(n):
+    rows: list[dict[str, Any]] = []
+    gpu = _gpu()
+    for _ in range(n * DRAWS_PER_ROW):
+        if len(rows) == n:
+            break
         trial = sampling.ask()
         config = suggest(trial, space, offers, is_default=False)
+        sampling.tell(trial, 0.0)
         adapter, env, version = targets[config.engine]
-        device = PLANNED_GPU
+        device = gpu
         if env is not None and env.is_cpu_build:
             device = Device("cpu", env.distribution, space.static.cpu_memory_budget_mib * 2**20)
+        refused = adapter.refusal(config.params, device, version)
+        if refused is not None:
+            say(f"{config.engine} {version}: left out {json.dumps(dict(config.params))}: {refused}")
+            continue
         python = env.python if env is not None else "python3"
         launch = adapter.launch(config, spec, device, adapter.default_port, python, version)
         rows.append(
@@ -91,10 +105,21 @@ def plan(
                 "env": launch.run_env,
             }
         )
-        sampling.tell(trial, 0.0)
+    if len(rows) < n:
+        say(f"{len(rows)} of {n} configs planned: the engines' validation refuses the rest of what was sampled")
     if study is None:
         return rows
     return rank(rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})
+
+
+def _gpu() -> Device:
+    """The GPU visible here, whose memory sets the engines' defaults; else one of unknown memory."""
+    if not gpu_visible():
+        return PLANNED_GPU
+    try:
+        return gpu_device()
+    except EnvironmentSetupError:
+        return PLANNED_GPU
 
 
 def _target(

@@ -382,3 +382,59 @@ def test_draft_slots_by_method() -> None:
     slots = {m: adapter.draft_slots({"spec_method": m, "num_speculative_tokens": 3}) for m in adapter.spec_methods}
     assert slots == {"draft_model": 1, "eagle": 0, "eagle3": 0, "mtp": 0, "ngram": 0, "suffix": 0}
     assert adapter.draft_slots({"spec_method": "off"}) == 0
+
+
+DRAFTING = {"spec_method": "draft_model", "draft_model": "draft-1l", "num_speculative_tokens": 2}
+UNKNOWN_GPU = Device("cuda", "NVIDIA GPU (planned)", 0)
+
+
+@pytest.mark.parametrize(
+    ("params", "refused"),
+    [
+        ({"chunk_size": 1024}, True),  # the H200's default 1024 sequences take every batched token
+        ({"chunk_size": 1024, "num_speculative_tokens": 1}, True),  # one slot whatever K
+        ({"chunk_size": 512}, True),  # the default sequence limit is capped at 512: still none left
+        ({"chunk_size": 2048}, False),
+        ({"chunk_size": 1024, "max_num_seqs": 512}, False),
+        ({"chunk_size": 1024, "spec_method": "eagle3"}, False),  # a head takes no slot
+        ({"chunk_size": 1024, "spec_method": "ngram"}, False),
+        ({"chunk_size": 1024, "num_speculative_tokens": 0}, False),  # off
+        ({}, False),  # the H200's defaults: 16384 tokens for 1024 sequences
+    ],
+)
+def test_vllm_026_refuses_a_draft_model_whose_slots_for_every_sequence_take_the_budget(
+    params: dict[str, Any], refused: bool
+) -> None:
+    reason = VllmAdapter().refusal({**DRAFTING, **params}, CUDA, "0.26.0")
+    assert (reason is not None) is refused, reason
+    if refused:
+        assert "0.26.0" in reason and "leaving none to schedule" in reason
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+@pytest.mark.parametrize("chunk", [2, 512, 1024])
+def test_vllm_032_reserves_the_slots_once_so_the_same_chunks_are_accepted(device: Device, chunk: int) -> None:
+    adapter = VllmAdapter()
+    assert adapter.refusal({**DRAFTING, "chunk_size": chunk, "max_num_seqs": 2}, device, "0.32.0") is None
+    assert adapter.refusal({**DRAFTING, "chunk_size": chunk}, device, "0.32.0") is None
+    assert adapter.refusal({**DRAFTING, "chunk_size": 1, "max_num_seqs": 1}, device, "0.32.0") is not None
+
+
+def test_both_versions_refuse_more_sequences_than_batched_tokens_with_or_without_speculation() -> None:
+    for version in VllmAdapter.supported_versions:
+        reason = VllmAdapter().refusal({"chunk_size": 512, "max_num_seqs": 1024}, CUDA, version)
+        assert reason is not None and "max_num_seqs 1024" in reason
+        assert VllmAdapter().refusal({"chunk_size": 512, "max_num_seqs": 512}, CUDA, version) is None
+
+
+def test_on_a_gpu_of_unknown_memory_only_what_every_gpu_refuses_is_refused() -> None:
+    adapter = VllmAdapter()
+    assert adapter.refusal({**DRAFTING, "chunk_size": 256}, UNKNOWN_GPU, "0.26.0") is not None  # every GPU
+    assert adapter.refusal({**DRAFTING, "chunk_size": 1024}, UNKNOWN_GPU, "0.26.0") is None  # an H200 only
+    assert adapter.refusal({**DRAFTING, "max_num_seqs": 4096}, UNKNOWN_GPU, "0.26.0") is None  # budget unknown
+
+
+def test_a_default_sequence_limit_is_capped_at_the_token_budget() -> None:
+    limits = VllmAdapter().scheduler_limits({"chunk_size": 512}, CUDA)
+    assert (limits.token_budget, limits.max_seqs) == (512, 512)
+    assert VllmAdapter().scheduler_limits({}, CPU).max_seqs == 128

@@ -141,6 +141,34 @@ def test_another_supported_version_is_planned_on_request(dirs: Dirs) -> None:
     assert refused.returncode == 2 and refused.stderr.startswith("tuner: --engine-version vllm=0.1: ")
 
 
+DRAFTING_SPACE = """
+engines: [vllm]
+parameters:
+  chunk_size: {choices: [128, 4096]}
+  spec_method: {choices: [draft_model]}
+  num_speculative_tokens: {choices: [2]}
+  draft_model: {choices: [draft-1l]}
+"""
+
+
+@pytest.mark.parametrize(("version", "refused"), [("0.26.0", True), ("0.32.0", False)])
+def test_a_config_the_engines_validation_refuses_is_left_out_with_one_line(
+    dirs: Dirs, tmp_path: Path, version: str, refused: bool
+) -> None:
+    """vLLM 0.26 reserves a draft model's slot for each of its default sequences, which it caps at the
+    chunk: chunk 128 leaves none to schedule on any GPU; 0.32 reserves it once. N rows all the same."""
+    space = tmp_path / "space.yaml"
+    space.write_text(DRAFTING_SPACE)
+    run = _plan(dirs, "--workload", "rag", "--space", str(space), "--engine-version", f"vllm={version}", "--n", "6")
+    assert run.returncode == 0, run.stderr
+    chunks = [r["params"]["chunk_size"] for r in run.rows()]
+    assert len(chunks) == 6 and 4096 in chunks
+    assert (128 not in chunks) is refused
+    left_out = [line for line in run.stderr.splitlines() if f"vllm {version}: left out " in line]
+    assert bool(left_out) is refused, run.stderr
+    assert all('"chunk_size": 128' in line and "leaving none to schedule" in line for line in left_out)
+
+
 def test_both_engines_are_planned_without_a_gpu(seed3: Run) -> None:
     """SGLang needs a GPU to run, not to be planned: plan shows its commands on any machine."""
     assert {row["engine"] for row in seed3.rows()} == {"vllm", "sglang"}

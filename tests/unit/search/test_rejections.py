@@ -1,5 +1,6 @@
 """A config the engine rejected for its draft slots teaches the search which others it will reject:
-the rule on its own, on the H200 study's real rejected trial, and through the search objective."""
+the rule on its own, on the H200 study's real rejected trial, and through the search objective; and
+a config the adapter knows the engine's validation refuses is recorded alike before any boot."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from tests.unit.measure.test_gpu_telemetry import ROOT, STUDY
 from tests.unit.search.test_objective import ScriptedEngine, _study
 from tests.unit.search.test_objective import ctx as ctx  # noqa: F401  (a fixture)
-from tuner.engines.base import Config, ModelSpec
+from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.failures import classify_boot
@@ -84,6 +85,11 @@ def test_a_rejection_for_another_cause_is_not_generalised_by_the_draft_slot_warn
     refused = optuna.trial.create_trial(value=0.0, user_attrs={**warned.user_attrs, "log_tail": (
         "ValueError: max_num_scheduled_tokens is set to 0 based on the speculative decoding settings")})  # fmt: skip
     assert rejected_like(Config("vllm", dict(REJECTED)), [refused], VLLM) is refused
+    newer = optuna.trial.create_trial(value=0.0, user_attrs={**warned.user_attrs, "log_tail": (
+        "Value error, VllmConfig does not have enough slots to schedule a token and support the "
+        "speculative decoding settings.")})  # fmt: skip  # 0.32's words for the same refusal
+    assert rejected_like(Config("vllm", dict(REJECTED)), [newer], VLLM) is newer
+    assert classify_boot(newer.user_attrs["log_tail"], 1, False, VLLM) == "invalid_config"
 
 
 def test_block4s_rejections_would_have_been_told_from_the_first() -> None:
@@ -137,3 +143,42 @@ def test_the_search_records_a_config_no_easier_than_a_rejected_one_without_a_boo
     assert third.user_attrs["failure"] is None and third.user_attrs["booted"] is True
     assert len(engine.booted) == 2 and objective.boots == 2
     assert search_effort(study).startswith("3 trials: 2 booted an engine")
+
+
+H200 = Device("cuda", "NVIDIA H200", 150_754_820_096)
+
+
+@pytest.mark.parametrize(("version", "refused"), [("0.26.0", True), ("0.32.0", False)])
+def test_a_config_the_engines_own_validation_refuses_is_recorded_without_a_boot(
+    ctx: TrialContext,  # noqa: F811
+    version: str,
+    refused: bool,
+) -> None:
+    """On the H200, vLLM 0.26 refuses a draft model at chunk 1024 (its 1024 default sequences take
+    every batched token): told from the adapter's rule, with nothing learned yet; 0.32 runs it."""
+    study, engine = _study(), ScriptedEngine()
+    env = dataclasses.replace(ctx.engines["vllm"][1], version=version)
+    ctx = dataclasses.replace(
+        ctx, device=H200, engines={"vllm": (VLLM, env)},
+        model=ModelSpec(ctx.model.path, drafts={"draft-1l": ctx.model.path + "/draft-1l"}),
+    )  # fmt: skip
+    space = Space.model_validate({"engines": ["vllm"], "parameters": {
+        "memory_fraction": {"choices": [0.9]}, "chunk_size": {"choices": [1024, 2048]},
+        "num_speculative_tokens": {"choices": [2]}, "draft_model": {"choices": ["draft-1l"]}}})  # fmt: skip
+    fixed = {"engine": "vllm", "vllm.memory_fraction": 0.9, "vllm.draft_model": "draft-1l",
+             "vllm.num_speculative_tokens": 2}  # fmt: skip
+    study.enqueue_trial({**fixed, "vllm.chunk_size": 1024})
+    study.enqueue_trial({**fixed, "vllm.chunk_size": 2048})
+    objective = SearchObjective(study, space, ctx, "pareto", runner=engine, prune=False)
+    study.optimize(objective, n_trials=2)
+    small, large = study.trials
+    assert large.user_attrs["failure"] is None and large.user_attrs["booted"] is True
+    if not refused:
+        assert small.user_attrs["booted"] is True and "refused" not in small.user_attrs
+        assert len(engine.booted) == 2
+        return
+    assert small.user_attrs["failure"] == "invalid_config" and small.user_attrs["booted"] is False
+    assert "leaving none to schedule" in small.user_attrs["refused"]
+    assert "rejected_like" not in small.user_attrs and small.user_attrs["constraint_violation"] > 0
+    assert small.user_attrs["launch"]["args"][-1].startswith("{"), "the argv it would have run is stored"
+    assert engine.booted == [dict(large.user_attrs["config"])] and objective.boots == 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -66,6 +66,7 @@ class ModelContext:
     plan: CapacityPlan
     shapes: Sequence[Shape]
     blocks: Mapping[str, tuple[int, ...]]
+    versions: Mapping[str, str] = field(default_factory=dict)  # each engine's version (absent: refusals unchecked)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         return best
 
     def _candidates(self, study: optuna.Study, number: int) -> list[tuple[dict[str, Any], Config]]:
-        """Configs worth predicting: not tried yet, not screened out, not refused like an earlier one."""
+        """Configs worth predicting: not tried yet, not screened out, not refused by the engine (its own
+        validation, or like an earlier config)."""
         c = self._context
         assert c is not None
         try:
@@ -212,6 +214,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
             est = estimate(config, c.model, c.device, history, adapter.default_memory_fraction,
                            adapter.kv_tokens_required(c.model))  # fmt: skip
             if (est is not None and not est.fits) or rejected_like(config, finished, adapter) is not None:
+                continue
+            version = c.versions.get(config.engine)
+            if version is not None and adapter.refusal(config.params, c.device, version) is not None:
                 continue
             out.append((canonical, config))
         return out
@@ -301,7 +306,8 @@ def context_of(space: Space, ctx: TrialContext, offers: Mapping[str, Offer]) -> 
             blocks[r.request_id] = tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
     shapes = [Shape(r.prompt_tokens, r.max_tokens, blocks.get(r.request_id)) for r in requests]
     adapters = {name: adapter for name, (adapter, _) in ctx.engines.items()}
-    return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, shapes, blocks)
+    versions = {name: env.version for name, (_, env) in ctx.engines.items()}
+    return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, shapes, blocks, versions)
 
 
 def served_trials(study: optuna.Study, blocks: Mapping[str, tuple[int, ...]]) -> list[Served]:
