@@ -35,7 +35,7 @@ from tuner.report.engines import engines_md, engines_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trials_table import study_price
 from tuner.report.winner import launch_choice
-from tuner.study.attrs import DEFAULT_KIND, SAMPLED_KIND, is_default, study_attrs_of, trial_attrs
+from tuner.study.attrs import DEFAULT_KIND, ENQUEUED_KIND, SAMPLED_KIND, is_default, study_attrs_of, trial_attrs
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto
 from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict
@@ -86,7 +86,8 @@ def cdf_section(study: optuna.Study) -> str:
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
-    sampled = [t for t in _completed(study) if trial_attrs(t).get("config_kind") == SAMPLED_KIND]
+    # an enqueued config sets every parameter as a sampled one does, so it informs the importances too
+    sampled = [t for t in _completed(study) if trial_attrs(t).get("config_kind") in (SAMPLED_KIND, ENQUEUED_KIND)]
     if len(sampled) < 2:
         return {}
     capacity = is_capacity_study(study)

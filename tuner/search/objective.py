@@ -2,7 +2,9 @@
 
 Per trial, in order:
 
-1. sample a config from the space (the enqueued engine default samples only its engine);
+1. sample a config from the space (the enqueued engine default samples only its engine; a config
+   the space enqueues, ``tuner.search.enqueue``, reads back its fixed params and is screened as a
+   sampled one);
 2. a config the engine's own validation refuses (``EngineAdapter.refusal``), or one no easier than a
    config it refused before (``tuner.search.rejections``), is recorded as ``invalid_config`` without
    a boot; then the memory screen (``tuner.search.memory``) estimates its KV cache from the model's
@@ -108,7 +110,7 @@ class SearchObjective:
         """Sample and screen (fast: parallel workers do this one at a time, under a lock). A screened
         trial, or one whose config was already measured, is recorded here and carries what to tell."""
         default = is_default(trial)
-        if not default:
+        if trial_attrs(trial).get("config_kind") is None:  # an enqueued config or a grid point has its kind
             write_trial_attrs(trial, TrialAttrs(config_kind=SAMPLED_KIND))
         ctx = self.ctx
         config = suggest(trial, self.space, self.engine_offers, default)

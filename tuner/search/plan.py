@@ -9,6 +9,10 @@ its environment or the model cannot run is left out of that engine's space with 
 saying why, and so is each sampled config the engine's own validation at that version refuses on
 that device (``EngineAdapter.refusal``); another is sampled in its place, so every row printed is
 one the engine accepts as far as its adapter knows.
+
+The space's ``enqueue:`` configs come first, each row's ``kind`` ``enqueued`` (``sampled`` for the
+rest), as a search boots them right after the engine defaults; ``n`` counts the sampled rows only.
+With a ``study`` only the sampled rows are ranked: the enqueued ones boot first whatever they predict.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from tuner.engines.base import Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError, EnvironmentSetupError
 from tuner.measure.telemetry import gpu_device, gpu_visible
+from tuner.search.enqueue import enqueued_points
 from tuner.search.model.ranking import rank
 from tuner.search.space import Space, load_space, suggest
 from tuner.search.speculation import EngineAt, study_offers
+from tuner.study.attrs import ENQUEUED_KIND, SAMPLED_KIND
 
 PLANNED_GPU = Device("cuda", "NVIDIA GPU (planned)", 0)  # memory unknown: the adapters' smallest defaults
 DRAWS_PER_ROW = 20  # a space the engine refuses almost everywhere ends the plan short instead of never
@@ -58,8 +64,9 @@ def plan(
     versions: dict[str, str] | None = None,
     say: Callable[[str], None] = lambda line: None,
 ) -> list[dict[str, Any]]:
-    """``n`` sampled configs' launches; with a capacity ``study`` that has served trials, each with
-    the capacity its model predicts (``tuner.search.model.ranking``), highest first."""
+    """The space's enqueued configs' launches, then ``n`` sampled ones'; with a capacity ``study``
+    that has served trials, each sampled one with the capacity its model predicts
+    (``tuner.search.model.ranking``), highest first."""
     if n < 1:
         raise ConfigError(f"--n must be at least 1, got {n}")
     space = load_space(space_path)
@@ -76,13 +83,17 @@ def plan(
     offers, notes = study_offers(space.parameters.methods(), space.parameters.named_drafts(), at, spec)
     for note in notes:
         say(note)
+    points, left_out = enqueued_points(space, offers)
+    for note in left_out:
+        say(note)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampling = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    rows: list[dict[str, Any]] = []
+    for point in points:  # read back through suggest, as a search trial reads them
+        sampling.enqueue_trial(point)
     gpu = _gpu()
-    for _ in range(n * DRAWS_PER_ROW):
-        if len(rows) == n:
-            break
+
+    def launch_row(kind: str) -> dict[str, Any] | None:
+        """The next trial's config as a row, or None where the engine's own validation refuses it."""
         trial = sampling.ask()
         config = suggest(trial, space, offers, is_default=False)
         sampling.tell(trial, 0.0)
@@ -93,23 +104,24 @@ def plan(
         refused = adapter.refusal(config.params, device, version)
         if refused is not None:
             say(f"{config.engine} {version}: left out {json.dumps(dict(config.params))}: {refused}")
-            continue
+            return None
         python = env.python if env is not None else "python3"
         launch = adapter.launch(config, spec, device, adapter.default_port, python, version)
-        rows.append(
-            {
-                "engine": config.engine,
-                "engine_version": version,
-                "params": dict(config.params),
-                "argv": list(launch.argv),
-                "env": launch.run_env,
-            }
-        )
+        return {"engine": config.engine, "engine_version": version, "kind": kind, "params": dict(config.params),
+                "argv": list(launch.argv), "env": launch.run_env}  # fmt: skip
+
+    first = [row for _ in points if (row := launch_row(ENQUEUED_KIND)) is not None]
+    rows: list[dict[str, Any]] = []
+    for _ in range(n * DRAWS_PER_ROW):
+        if len(rows) == n:
+            break
+        if (row := launch_row(SAMPLED_KIND)) is not None:
+            rows.append(row)
     if len(rows) < n:
         say(f"{len(rows)} of {n} configs planned: the engines' validation refuses the rest of what was sampled")
     if study is None:
-        return rows
-    return rank(rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})
+        return first + rows
+    return first + rank(rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})
 
 
 def _gpu() -> Device:

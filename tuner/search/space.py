@@ -20,6 +20,11 @@ whose kind changes, or a categorical one whose choices change, within one study 
 deep inside ``suggest_*``, mid-trial). A range may be narrowed or widened freely. So a resumed
 search with another space is checked before any trial starts, and a change Optuna would refuse is
 one ConfigError naming the parameter.
+
+Configs to boot first (``enqueue:``): each entry names an engine and the value of every parameter
+the sampler would draw for it, so it boots exactly as written. It is checked here against the space
+(a parameter the space tunes, a value among its choices or in its range, a method's parameters only
+with that method) and becomes a study's trials in ``tuner.search.enqueue``.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from pydantic import (
 
 from tuner.engines import ADAPTERS, DEFAULT_ENGINES
 from tuner.engines.base import Config
-from tuner.engines.speculation import DRAFT_MODEL, ENGINE_PARAMS, METHODS, OFF, WITH_DRAFT
+from tuner.engines.speculation import DRAFT_MODEL, ENGINE_PARAMS, LABELS, METHODS, OFF, WITH_DRAFT
 from tuner.errors import ConfigError
 from tuner.inputs import parse_bounded, read_text
 from tuner.search.speculation import Offer
@@ -276,11 +281,34 @@ class Static(_Strict):
     load_format: str | None = None
 
 
+class Enqueued(_Strict):
+    """One config to boot right after the engine defaults: written flat in YAML, ``engine`` beside
+    the parameters (``{engine: vllm, chunk_size: 2048, spec_method: off}``)."""
+
+    engine: StrictStr
+    params: dict[str, Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, raw: object) -> object:
+        if not isinstance(raw, dict) or "engine" not in raw:
+            raise ValueError("each entry is a mapping that names its engine and its parameters' values")
+        params = {k: v for k, v in raw.items() if k != "engine"}
+        if params.get("spec_method") is False:  # YAML 1.1 reads a bare `off` as false
+            params["spec_method"] = OFF
+        return {"engine": raw["engine"], "params": params}
+
+
+TUNED = ("chunk_size", "max_num_seqs", "tensor_parallel", "memory_fraction")  # what every config may set
+PARAMETERS = tuple(Parameters.model_fields)
+
+
 class Space(_Strict):
     engines: list[str] = Field(default_factory=lambda: list(DEFAULT_ENGINES), min_length=1)
     engine_envs: dict[str, str] = Field(default_factory=dict)
     parameters: Parameters = Field(default_factory=Parameters)
     static: Static = Field(default_factory=Static)
+    enqueue: list[Enqueued] = Field(default_factory=list)  # booted after the engine defaults, in this order
 
     @field_validator("engines", "engine_envs")
     @classmethod
@@ -289,6 +317,95 @@ class Space(_Strict):
         if unknown:
             raise ValueError(f"unknown engine {unknown[0]!r}; known: {', '.join(ADAPTERS)}")
         return engines
+
+    @model_validator(mode="after")
+    def _enqueue_fits(self) -> Space:
+        for i, entry in enumerate(self.enqueue):
+            wrong = enqueue_problem(entry, self.engines, self.parameters)
+            if wrong is None:
+                wrong = next(
+                    (f"the same config as enqueue.{j}" for j, e in enumerate(self.enqueue[:i]) if e == entry), None
+                )
+            if wrong is not None:
+                raise ValueError(f"enqueue.{i} ({entry.engine}): {wrong}")
+        return self
+
+
+def drawn(engine: str, method: str | None, p: Parameters) -> list[str]:
+    """The parameters the sampler draws for a config of ``engine`` speculating with ``method``."""
+    names = [k for k in TUNED if getattr(p, k) is not None]
+    ks = p.num_speculative_tokens
+    if not any(m != OFF for m in p.methods()) or ks is None or max(k_values(ks, every=False)) < 1:
+        return names  # speculation is not tuned: no method is drawn (speculation_distributions)
+    names.append("spec_method")
+    if method is None or method == OFF:
+        return names
+    names.append("num_speculative_tokens")
+    if method in WITH_DRAFT:
+        names.append("draft_model")
+    support = ADAPTERS[engine].spec_methods.get(method)
+    return names + [q for q in (support.params if support else ()) if getattr(p, q) is not None]
+
+
+def enqueue_problem(entry: Enqueued, engines: Sequence[str], p: Parameters) -> str | None:
+    """What is wrong with an enqueue entry against the space, in a few words (None: nothing)."""
+    if entry.engine not in engines:
+        return f"engine {entry.engine!r} is not among the space's engines ({', '.join(engines)})"
+    for name in entry.params:
+        if name not in PARAMETERS:
+            return f"unknown parameter {name!r}; parameters: {', '.join(PARAMETERS)}"
+    method = entry.params.get("spec_method")
+    if method is not None and method != OFF and method not in ADAPTERS[entry.engine].spec_methods:
+        return f"{entry.engine} has no {LABELS.get(str(method), method)}"
+    needed = drawn(entry.engine, None if method is None else str(method), p)
+    for name in entry.params:
+        if name in needed:
+            continue
+        if name in TUNED or "spec_method" not in needed or (name in ENGINE_PARAMS and getattr(p, name) is None):
+            return f"{name} is not tuned by this space: leave it out"
+        return f"{name} is not used by spec_method {method} on {entry.engine}: leave it out"
+    missing = [name for name in needed if name not in entry.params]
+    if missing:
+        return f"give {missing[0]}: the sampler draws it for this config"
+    return next((w for name, v in entry.params.items() if (w := _outside(name, v, p)) is not None), None)
+
+
+def _outside(name: str, value: Any, p: Parameters) -> str | None:
+    """Why ``value`` is not one the space's ``name`` can take (None: it is)."""
+    if name == "spec_method":
+        ok, among = value in p.methods(), f"methods [{', '.join(p.methods())}]"
+    elif name == "draft_model":  # a name the space does not list is checked against the model at start
+        named = p.named_drafts()
+        ok, among = isinstance(value, str) and (named is None or value in named), f"drafts [{', '.join(named or [])}]"
+    else:
+        given = getattr(p, name)
+        ok, among = _contains(given, value), _choices_text(given)
+    return None if ok else f"{name} {value!r} is outside the space's {among}"
+
+
+def _contains(given: BaseModel, value: Any) -> bool:
+    if isinstance(given, FractionRange):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not given.low <= value <= given.high:
+            return False
+        steps = 0.0 if given.step is None else (value - given.low) / given.step
+        return abs(steps - round(steps)) < 1e-8  # Optuna's own test of a point on a step grid
+    if isinstance(given, IntRange):
+        return type(value) is int and max(given.low, 1) <= value <= given.high  # K = 0 is spec_method off
+    if isinstance(given, ScheduleChoices):
+        return isinstance(value, str) and value in given.choices
+    if isinstance(given, LookupChoices | TreeChoices):
+        return isinstance(value, list) and tuple(value) in [tuple(c) for c in given.choices]
+    choices = getattr(given, "choices", [])
+    positive = not isinstance(given, CountChoices) or (isinstance(value, int) and value > 0)
+    return positive and not isinstance(value, bool) and value in choices and type(value) in {type(c) for c in choices}
+
+
+def _choices_text(given: BaseModel) -> str:
+    if isinstance(given, FractionRange | IntRange):
+        step = f" step {given.step}" if isinstance(given, FractionRange) and given.step else ""
+        return f"range {given.low}..{given.high}{step}"
+    choices = getattr(given, "choices", [])
+    return f"choices [{', '.join(str(list(c) if isinstance(c, tuple) else c) for c in choices)}]"
 
 
 def load_space(path: Path | None = None) -> Space:
@@ -305,8 +422,9 @@ def load_space(path: Path | None = None) -> Space:
         return Space.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise ConfigError(f"{where}: {key}: {first['msg']}") from exc
+        loc = ".".join(str(p) for p in first["loc"])
+        key = f"{loc}: " if loc else ""  # a check across keys (an enqueue entry's) names the key in its message
+        raise ConfigError(f"{where}: {key}{first['msg'].removeprefix('Value error, ')}") from exc
 
 
 def distributions(space: Space, offers: Mapping[str, Offer]) -> dict[str, BaseDistribution]:

@@ -19,6 +19,7 @@ from tuner.errors import ConfigError
 
 DEFAULT_KIND = "engine_default"  # each engine's default config, enqueued first: the reference
 SAMPLED_KIND = "sampled"  # a config the sampler (or the grid) proposed
+ENQUEUED_KIND = "enqueued"  # a config the space's `enqueue:` lists, booted after the defaults (tuner.search.enqueue)
 STRESS_CHECK_KIND = "stress_check"  # a finalist's failed stress check, recorded as an infeasible trial of its own
 SCREENED = "screened"  # the failure class of a config the memory screen kept from booting (tuner.search.memory)
 
@@ -32,7 +33,7 @@ class TrialAttrs(TypedDict, total=False):
     declared here is written somewhere, but those of ``LEGACY_TRIAL_KEYS``.
     """
 
-    config_kind: str  # DEFAULT_KIND, SAMPLED_KIND or STRESS_CHECK_KIND
+    config_kind: str  # DEFAULT_KIND, SAMPLED_KIND, ENQUEUED_KIND or STRESS_CHECK_KIND
     booted: bool
     worker: dict[str, Any]
     duplicate_of: int
@@ -180,6 +181,22 @@ def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
             study.enqueue_trial(
                 {"engine": engine}, user_attrs=checked_trial_attrs(TrialAttrs(config_kind=DEFAULT_KIND))
             )
+
+
+def enqueue_configs(study: optuna.Study, points: list[dict[str, Any]]) -> None:
+    """Each of ``points`` (Optuna params) queued once per study, in order, as ``ENQUEUED_KIND``: a
+    point queued or run before (a resumed study, a second worker) is not queued again, and one
+    interrupted (FAIL) is, as a default is."""
+    have = [
+        t.system_attrs.get("fixed_params") or t.params
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("config_kind") == ENQUEUED_KIND and t.state != optuna.trial.TrialState.FAIL
+    ]
+    kind = checked_trial_attrs(TrialAttrs(config_kind=ENQUEUED_KIND))
+    for point in points:
+        if point not in have:
+            study.enqueue_trial(point, user_attrs=kind)
+            have.append(point)
 
 
 def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:
