@@ -355,6 +355,8 @@ def enqueue_problem(entry: Enqueued, engines: Sequence[str], p: Parameters) -> s
         if name not in PARAMETERS:
             return f"unknown parameter {name!r}; parameters: {', '.join(PARAMETERS)}"
     method = entry.params.get("spec_method")
+    if method is not None and p.methods() and method not in p.methods():  # before what the method would take
+        return _outside("spec_method", method, p)
     if method is not None and method != OFF and method not in ADAPTERS[entry.engine].spec_methods:
         return f"{entry.engine} has no {LABELS.get(str(method), method)}"
     needed = drawn(entry.engine, None if method is None else str(method), p)

@@ -23,7 +23,7 @@ from tuner.engines.models import default_model_paths
 from tuner.search.space import load_space
 
 REPO = Path(__file__).resolve().parents[3]
-ROW_KEYS = {"engine", "engine_version", "params", "argv", "env"}
+ROW_KEYS = {"engine", "engine_version", "kind", "params", "argv", "env"}
 PLAN_DEADLINE_S = 30.0
 
 # Runs ``python -m tuner ARGS`` with every way of starting a process replaced by one that exits 97.
@@ -253,6 +253,28 @@ def test_engines_sglang_plans_only_sglang(dirs: Dirs) -> None:
     assert len(rows) == 8
     assert {r["engine"] for r in rows} == {"sglang"}
     assert all(r["argv"][1:3] == ["-m", ADAPTERS["sglang"].module] for r in rows)
+
+
+def test_the_spaces_enqueued_configs_come_first_marked_and_those_of_engines_left_out_with_a_line(
+    dirs: Dirs,
+) -> None:
+    """The GPU space enqueues three vLLM configs and one SGLang config: a search boots them right after
+    the engine defaults, so the plan shows them first, then the N sampled ones."""
+    space = str(REPO / "search_spaces" / "gpu-h200.yaml")
+    run = _plan(dirs, "--workload", "rag", "--space", space, "--n", "3", "--seed", "3")
+    assert run.returncode == 0, run.stderr
+    rows = run.rows()
+    assert [r["kind"] for r in rows] == ["enqueued"] * 4 + ["sampled"] * 3
+    assert rows[0]["engine"] == "vllm" and rows[0]["params"] == {
+        "chunk_size": 2048, "memory_fraction": 0.9, "spec_method": "draft_model", "num_speculative_tokens": 3,
+        "draft_model": "draft-2l"}, "static: no schedule, vLLM's fixed K"  # fmt: skip
+    assert rows[2]["params"] == {"chunk_size": 1024, "memory_fraction": 0.9, "spec_method": "off"}
+    assert rows[3]["engine"] == "sglang" and rows[3]["params"]["spec_tree"] == [1, 2]
+    only = _plan(dirs, "--workload", "rag", "--space", space, "--engines", "sglang", "--n", "1", "--seed", "3")
+    assert only.returncode == 0, only.stderr
+    assert [(r["engine"], r["kind"]) for r in only.rows()] == [("sglang", "enqueued"), ("sglang", "sampled")]
+    left_out = [line for line in only.stderr.splitlines() if "not among this run's engines" in line]
+    assert [line.split(" ")[0] for line in left_out] == ["enqueue.0", "enqueue.1", "enqueue.2"]
 
 
 # --- refusals ------------------------------------------------------------------------------------
