@@ -115,7 +115,7 @@ class SearchObjective:
         ctx = self.ctx
         config = suggest(trial, self.space, self.engine_offers, default)
         finished = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        adapter, version = ctx.engines[config.engine][0], ctx.engines[config.engine][1].version
+        adapter, env = ctx.engines[config.engine]
         est = estimate(
             config, ctx.model, ctx.device, observations([t.user_attrs for t in finished]),
             adapter.default_memory_fraction, adapter.kv_tokens_required(ctx.model), self.free_memory(),
@@ -124,7 +124,7 @@ class SearchObjective:
         twin = None if default else self._measured_twin(config)
         if twin is not None:
             return self._duplicate(trial, config, twin, estimate_attrs)
-        refused = None if default or not self.screen else adapter.refusal(config.params, ctx.device, version)
+        refused = None if default or not self.screen else adapter.refusal(config.params, ctx.device, env.version)
         if refused is not None:
             why = f"the engine's own validation refuses it: {refused}"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, refused=refused)

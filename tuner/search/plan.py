@@ -31,6 +31,7 @@ from tuner.errors import ConfigError, EnvironmentSetupError
 from tuner.measure.telemetry import gpu_device, gpu_visible
 from tuner.search.enqueue import enqueued_points
 from tuner.search.model.ranking import rank
+from tuner.search.resolve import detect_device
 from tuner.search.space import Space, load_space, suggest
 from tuner.search.speculation import EngineAt, study_offers
 from tuner.study.attrs import ENQUEUED_KIND, SAMPLED_KIND
@@ -98,9 +99,7 @@ def plan(
         config = suggest(trial, space, offers, is_default=False)
         sampling.tell(trial, 0.0)
         adapter, env, version = targets[config.engine]
-        device = gpu
-        if env is not None and env.is_cpu_build:
-            device = Device("cpu", env.distribution, space.static.cpu_memory_budget_mib * 2**20)
+        device = detect_device(env, space) if env is not None and env.is_cpu_build else gpu
         refused = adapter.refusal(config.params, device, version)
         if refused is not None:
             say(f"{config.engine} {version}: left out {json.dumps(dict(config.params))}: {refused}")

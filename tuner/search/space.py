@@ -266,6 +266,11 @@ class Parameters(_Strict):
         return None if self.draft_model is None else [str(d) for d in self.draft_model.choices if d not in METHODS]
 
 
+def k_tuned(ks: IntRange | CountChoices | None) -> bool:
+    """Whether the space tunes K at all: some K of at least one (K = 0 alone is speculation off)."""
+    return ks is not None and max(k_values(ks, every=False)) >= 1
+
+
 def k_values(ks: IntRange | CountChoices, every: bool = True) -> list[int]:
     """K's values (``every``: each integer of a range; else only its ends, enough to see a 0)."""
     if isinstance(ks, CountChoices):
@@ -335,7 +340,7 @@ def drawn(engine: str, method: str | None, p: Parameters) -> list[str]:
     """The parameters the sampler draws for a config of ``engine`` speculating with ``method``."""
     names = [k for k in TUNED if getattr(p, k) is not None]
     ks = p.num_speculative_tokens
-    if not any(m != OFF for m in p.methods()) or ks is None or max(k_values(ks, every=False)) < 1:
+    if not any(m != OFF for m in p.methods()) or not k_tuned(ks):
         return names  # speculation is not tuned: no method is drawn (speculation_distributions)
     names.append("spec_method")
     if method is None or method == OFF:
@@ -452,7 +457,7 @@ def distributions(space: Space, offers: Mapping[str, Offer]) -> dict[str, BaseDi
 def speculation_distributions(p: Parameters, offer: Offer) -> dict[str, BaseDistribution]:
     """One engine's speculation parameters (unprefixed): none unless some method would speculate."""
     ks = p.num_speculative_tokens
-    if not offer.speculates or ks is None or max(k_values(ks, every=False)) < 1:
+    if not offer.speculates or ks is None or not k_tuned(ks):
         return {}  # nothing to speculate with: not tuned, so no trial claims a K it never ran
     k: BaseDistribution = (
         CategoricalDistribution([c for c in ks.choices if c > 0])
@@ -488,7 +493,7 @@ def suggest(trial: optuna.Trial, space: Space, offers: Mapping[str, Offer], is_d
         return Config(engine=engine, params={}, enforce_eager=eager, is_default=True)
     dists, params = distributions(space, {engine: offers[engine]}), {}
     name = f"{engine}.{{}}".format
-    for key in ("chunk_size", "max_num_seqs", "tensor_parallel", "memory_fraction"):
+    for key in TUNED:
         if name(key) in dists:
             params[key] = _draw(trial, name(key), dists[name(key)])
     if isinstance(dists.get(name("memory_fraction")), FloatDistribution):

@@ -171,11 +171,7 @@ def _describe_setup(attrs: Mapping[str, Any]) -> str:
 def enqueue_defaults(study: optuna.Study, engines: list[str]) -> None:
     """Each engine's default config runs first, so the winner is compared with no tuning at all; a
     default interrupted (FAIL) is queued again, so it is measured after all."""
-    have = set()
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("config_kind") == DEFAULT_KIND and t.state != optuna.trial.TrialState.FAIL:
-            # A waiting (enqueued, not yet run) trial keeps its params in system_attrs["fixed_params"].
-            have.add(t.params.get("engine") or t.system_attrs.get("fixed_params", {}).get("engine"))
+    have = {point.get("engine") for point in _queued(study, DEFAULT_KIND)}
     for engine in engines:
         if engine not in have:
             study.enqueue_trial(
@@ -187,16 +183,23 @@ def enqueue_configs(study: optuna.Study, points: list[dict[str, Any]]) -> None:
     """Each of ``points`` (Optuna params) queued once per study, in order, as ``ENQUEUED_KIND``: a
     point queued or run before (a resumed study, a second worker) is not queued again, and one
     interrupted (FAIL) is, as a default is."""
-    have = [
-        t.system_attrs.get("fixed_params") or t.params
-        for t in study.get_trials(deepcopy=False)
-        if t.user_attrs.get("config_kind") == ENQUEUED_KIND and t.state != optuna.trial.TrialState.FAIL
-    ]
+    have = _queued(study, ENQUEUED_KIND)
     kind = checked_trial_attrs(TrialAttrs(config_kind=ENQUEUED_KIND))
     for point in points:
         if point not in have:
             study.enqueue_trial(point, user_attrs=kind)
             have.append(point)
+
+
+def _queued(study: optuna.Study, kind: str) -> list[dict[str, Any]]:
+    """The params of the study's trials of ``kind`` that are queued, running or done; an interrupted
+    (FAIL) one is left out, so it is queued again. A waiting (enqueued, not yet run) trial keeps its
+    params in system_attrs["fixed_params"]."""
+    return [
+        t.system_attrs.get("fixed_params") or t.params
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("config_kind") == kind and t.state != optuna.trial.TrialState.FAIL
+    ]
 
 
 def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:

