@@ -26,10 +26,11 @@ def carried(rate: float) -> bool:
 
 def batched_rows(
     rate: float, duration_s: float, seed: int, *, iteration_s: float = ITERATION_S, per_seq_s: float = PER_SEQ_S,
-    tokens: tuple[int, int] = TOKENS,
+    tokens: tuple[int, int] = TOKENS, prefill_s: float = 0.0,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The rows (sent_s, first_s, done_s, ...) of ``duration_s`` of seeded Poisson arrivals at ``rate``,
-    each served to its end."""
+    each served to its end. ``prefill_s``: what each request joining an iteration adds to it (its
+    prompt), so a burst of arrivals delays every first token and every running answer at once."""
     rng = random.Random(seed)
     arrivals: list[tuple[float, int]] = []
     at = rng.expovariate(rate)
@@ -41,11 +42,13 @@ def batched_rows(
     while nxt < len(arrivals) or running:
         if not running and arrivals[nxt][0] > now:
             now = arrivals[nxt][0]
+        joined = 0
         while nxt < len(arrivals) and arrivals[nxt][0] <= now:
             sent, out = arrivals[nxt]
             running.append({"sent_s": sent, "first_s": None, "left": out, "output_tokens": out})
             nxt += 1
-        now += iteration_s + per_seq_s * len(running)
+            joined += 1
+        now += iteration_s + per_seq_s * len(running) + prefill_s * joined
         for r in running:
             r["first_s"] = now if r["first_s"] is None else r["first_s"]
             r["left"] -= 1

@@ -23,15 +23,21 @@ Rules, chosen so the answer is conservative and the search always ends:
 - decided, not drawn: a step's attainment is a proportion with an interval (``attainment_interval``).
   It passes only when the interval's lower end is at or above the target, and fails only when its
   upper end is below it; otherwise it is *undecided*, and the step goes on serving (up to its limit)
-  until it is decided. A step still undecided at its limit is treated as a fail (the conservative
-  side), and recorded as undecided. The requests of one step are not independent (a burst delays its
-  neighbours), so the interval is widened by the design effect that batch means over consecutive
-  requests show, and its confidence is split over the looks a step may take (Bonferroni).
+  until it is decided. A step still undecided at its limit is recorded as undecided and never counts
+  as a pass, so a capacity is always a decided pass. Where the search goes next follows its
+  attainment (``leans_pass``): an undecided step below the target caps the search as a fail does; one
+  at or above it does not, and the search climbs past it. Near the knee many steps end undecided, and
+  one of them, taken for a fail, used to halve the search on a draw (reports/gpu-h200/capacity-check-6).
+  The requests of one step are not independent (a burst delays its neighbours), so the interval is
+  widened by the design effect that batch means over consecutive requests show, and its confidence
+  is split over the looks a step may take (Bonferroni).
 - steady state: a step also fails when the server's waiting queue, sampled through the step, keeps
   growing (``queue_growing``): the rate is not carried, whatever the requests so far say.
-- non-monotone curves: ``capacity_req_s`` is the highest passing rate *below the lowest rate that did
-  not pass*; a pass above a fail does not count, and the bisection bracket is (that pass, the lowest
-  fail), which every capacity records as ``bracket_req_s``.
+- non-monotone curves: ``capacity_req_s`` is the highest passing rate *below the lowest fail* (a step
+  that did not pass and does not lean to a pass); a pass above a fail does not count. The search
+  bisects between the highest rate that passed or leans to a pass and that fail, then, where the top
+  of that bracket was undecided, between the capacity and the lowest rate above it that did not
+  pass, which every capacity records as ``bracket_req_s``.
 """
 
 from __future__ import annotations
@@ -359,6 +365,14 @@ class Step:
         return {key: _finite(value) if isinstance(value, float) else value for key, value in out.items()}
 
 
+def leans_pass(step: Step, target: float) -> bool:
+    """Whether a step that did not pass was only undecided, at or above the target, and otherwise
+    clean (not cut, not saturated, its queue not growing): the search climbs past it, but it is
+    never a capacity."""
+    clean = not (step.saturated or step.queue_growing or step.cut_reason is not None)
+    return not step.passed and step.decision == UNDECIDED and step.attainment >= target and clean
+
+
 def judged_step(rate_req_s: float, attainment: float, target: float, *, is_saturated: bool = False) -> Step:
     """A Step from an attainment alone, for captures without request rows and for synthetic curves."""
     passed = attainment >= target and not is_saturated
@@ -505,8 +519,20 @@ class CapacitySearch:
         self.stop_reason: str | None = None
 
     def lowest_fail(self) -> float | None:
-        fails = [s.rate_req_s for s in self.steps if not s.passed]
+        """The lowest rate that did not pass and does not lean to a pass (``leans_pass``): the ceiling."""
+        fails = [s.rate_req_s for s in self.steps if not s.passed and not leans_pass(s, self.target)]
         return min(fails) if fails else None
+
+    def _lowest_not_passed(self, above: float = 0.0) -> float | None:
+        return min((s.rate_req_s for s in self.steps if not s.passed and s.rate_req_s > above), default=None)
+
+    def _leaning(self, ceiling: float | None) -> float:
+        """The highest rate below ``ceiling`` that passed or leans to a pass: where the knee is above."""
+        leaning = [
+            s.rate_req_s for s in self.steps
+            if (s.passed or leans_pass(s, self.target)) and (ceiling is None or s.rate_req_s < ceiling)
+        ]  # fmt: skip
+        return max(leaning, default=0.0)
 
     def capacity(self) -> float:
         """Highest passing rate below the lowest failing rate, or 0.0 when none passed there."""
@@ -536,19 +562,27 @@ class CapacitySearch:
         if not self.steps:
             return (self.incumbent if self.incumbent is not None else min(self.start_rate, self.max_rate)), None
         fail, best = self.lowest_fail(), self.capacity()
-        if fail is None:  # still climbing
+        leaning = self._leaning(fail)
+        if fail is None and leaning < self.max_rate:  # still climbing, past undecided steps that lean to a pass
             step_up = 1 + self.resolution if self.incumbent is not None and len(self.steps) == 1 else self.growth
-            if best >= self.max_rate:
+            return min(leaning * step_up, self.max_rate), None
+        if fail is not None and leaning > best and (fail - leaning) / leaning > self.resolution:
+            return math.sqrt(leaning * fail), None  # the knee lies above an undecided step: bisect up to it
+        # the bracket that counts: the capacity (a decided pass) and the lowest rate above it not passed
+        upper = self._lowest_not_passed(above=best)
+        if best > 0:
+            if upper is None:
                 return None, "max_rate"
-            return min(best * step_up, self.max_rate), None
-        if best > 0:  # bracketed: bisect until the gap is within the resolution
-            if (fail - best) / best <= self.resolution:
+            if (upper - best) / best <= self.resolution:
                 return None, "resolved"
-            return math.sqrt(best * fail), None
+            return math.sqrt(best * upper), None
         if self.incumbent is not None and self.prune:  # nothing passed below the incumbent: one rescue probe
-            return (PRUNE_SHARE * self.incumbent, None) if len(self.steps) < 2 else (None, "pruned")
+            rescued = any(s.rate_req_s < self.incumbent for s in self.steps)
+            return (None, "pruned") if rescued else (PRUNE_SHARE * self.incumbent, None)
+        lowest = self._lowest_not_passed()
+        assert lowest is not None  # steps were measured and none passed
         floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
-        return (fail / 2, None) if fail / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")
+        return (lowest / 2, None) if lowest / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")
 
     def result(self) -> CapacityResult:
         reason = self.stop_reason or "unfinished"

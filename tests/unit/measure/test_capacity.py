@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -405,6 +406,81 @@ def test_a_capacity_records_the_bracket_it_was_resolved_in_and_the_interval_at_i
     assert low == result.capacity_req_s and high is not None and low <= 3.0 < high and (high - low) / low <= 0.1
     record = result.as_dict()
     assert record["bracket_req_s"] == [low, high] and record["attainment_interval"][0] >= 0.9
+
+
+# --- undecided steps: where the search goes next ---------------------------------------------------
+
+CHECK6 = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200-capacity-check-6"
+STEP_LINE = re.compile(r"interactive: ([\d.]+) req/s, .*attainment (\d+)% \[(\d+)%, (\d+)%\] (pass|fail|undecided)")
+
+
+def decided_step(rate: float, attainment: float, decision: str, low: float = 0.0, high: float = 1.0) -> Step:
+    return Step(rate, attainment, decision == "pass", decision=decision, attainment_low=low, attainment_high=high)
+
+
+def captured_steps(name: str) -> dict[float, Step]:
+    """A drive's step lines (``tuner drive --capacity`` on the H200) as Steps, by rate to 0.01 req/s."""
+    steps = {}
+    for line in (CHECK6 / name).read_text().splitlines():
+        if match := STEP_LINE.match(line):
+            rate, share, low, high, decision = match.groups()
+            steps[round(float(rate), 2)] = decided_step(
+                float(rate), int(share) / 100, decision, int(low) / 100, int(high) / 100
+            )
+    return steps
+
+
+def test_the_h200_drive_whose_first_step_was_undecided_now_climbs_past_it() -> None:
+    # Capacity check 6: drive 1's 2.67 req/s step ended undecided at 0.95 [0.86, 0.98], and the search
+    # took it for a fail and halved to 1.33; drive 2 passed the same rate and went on to 4.48.
+    first, second = captured_steps("drive_draft_1.err"), captured_steps("drive_draft_2.err")
+    assert first[2.67].decision == "undecided" and first[1.33].passed and second[5.33].decision == "fail"
+    answers = {2.67: first[2.67], 5.33: second[5.33], 3.77: second[3.77], 4.48: second[4.48]}
+    search = CapacitySearch(target=0.9, resolution=0.1, start_rate=8 / 3, growth=2.0)
+    proposed = []
+    while (rate := search.next_rate()) is not None and round(rate, 2) in answers:
+        proposed.append(round(rate, 2))
+        step = answers[round(rate, 2)]
+        search.record(Step(rate, step.attainment, step.passed, decision=step.decision,
+                           attainment_low=step.attainment_low, attainment_high=step.attainment_high))  # fmt: skip
+    assert proposed == [2.67, 5.33, 3.77, 4.48], "drive 2's path, from drive 1's undecided first step"
+    assert rate is not None and 4.48 < rate < 5.33 and search.capacity() == pytest.approx(4.485, abs=0.01)
+
+
+def test_an_undecided_step_below_the_target_caps_the_search_as_a_fail_does() -> None:
+    search = CapacitySearch(target=0.9, resolution=0.1, start_rate=2.0)
+    assert search.next_rate() == 2.0
+    search.record(decided_step(2.0, 0.88, "undecided", 0.80, 0.93))
+    assert search.next_rate() == 1.0 and search.lowest_fail() == 2.0
+
+
+def test_a_capacity_is_always_a_decided_pass_below_an_undecided_top() -> None:
+    # passes up to 3, undecided (leaning to a pass) from 3.5 to 4.5, fails above: the knee is in the
+    # undecided stretch, and the capacity the highest decided pass under its lowest undecided rate
+    def measure(rate: float) -> Step:
+        if rate <= 3.5:
+            return decided_step(rate, 0.97, "pass", 0.92, 0.99)
+        return decided_step(rate, 0.93, "undecided", 0.85, 0.97) if rate <= 4.5 else decided_step(rate, 0.6, "fail")
+
+    search = CapacitySearch(target=0.9, resolution=0.1, start_rate=1.0, max_steps=30)
+    while (rate := search.next_rate()) is not None:
+        search.record(measure(rate))
+    result = search.result()
+    low, high = result.bracket_req_s
+    assert result.stop_reason == "resolved" and result.at_capacity() is not None
+    assert low == result.capacity_req_s <= 3.5 < high <= 4.5 and (high - low) / low <= 0.1
+    assert any(s.rate_req_s > 4.5 for s in result.steps), "the search looked above the undecided steps"
+
+
+def test_an_undecided_incumbent_is_rescued_below_it_before_it_is_pruned() -> None:
+    search = CapacitySearch(target=0.9, resolution=0.1, incumbent=5.0)
+    assert search.next_rate() == 5.0
+    search.record(decided_step(5.0, 0.93, "undecided", 0.86, 0.96))
+    assert search.next_rate() == pytest.approx(5.5)
+    search.record(decided_step(5.5, 0.5, "fail"))
+    assert search.next_rate() == pytest.approx(3.75)
+    search.record(decided_step(3.75, 0.6, "fail"))
+    assert search.next_rate() is None and search.result().pruned
 
 
 # --- long answers: a request lives seconds, and the monitor must not read that as a pile-up -------

@@ -1,0 +1,227 @@
+"""The whole capacity search, repeated, on a continuous-batching server whose attainment curve is known.
+
+Run: ``.venv/bin/python -m tests.benchmarks.bench_known_search [--searches N]`` (a few minutes; no
+engine). Not part of the default test run. Writes the section "known_search" of ``reports/capacity.md``.
+
+On the H200 (reports/gpu-h200/capacity-check-6/NOTES.md) two drives of one boot disagreed by twice:
+the first step of one ended *undecided* at 0.95 attainment, the search took it for a fail and halved,
+the other passed the same rate and went on. This replays that shape on ``tests/batching_server.py``,
+with a prompt cost per joining request so that a burst of arrivals delays every first token at once
+(misses come in bursts, over a broad band of rates below the knee, as the H200's TTFT misses did).
+Each search is ``tuner.measure.rate_steps.search_capacity`` with the GPU's step plan; each step is
+served offline by the simulated server and watched as ``measure_step`` watches a real one: the
+monitor's cuts (``cut_reason``) and the step's looks (``rate_steps._Looks``) every ``TICK_S``. The
+searches run under the current rule and under the one it replaced (an undecided step was a fail,
+whatever its attainment), which this file keeps only to compare, on the same seeds. The truth is the
+server's attainment over long runs (300 s, three seeds) at each rate of a grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tests.batching_server import batched_rows, seen_at
+from tests.benchmarks import _report
+from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch, Row, cut_reason, outcomes_in
+from tuner.measure.rate_steps import (
+    DECIDED,
+    DRAIN_SHARE,
+    MIN_DRAIN_S,
+    REQUEST_TIMEOUT_S,
+    CapacityPlan,
+    Measured,
+    _Looks,
+    search_capacity,
+)
+
+NAME = "known_search"
+MD_PATH, JSON_PATH = _report.ROOT / "reports" / "capacity.md", _report.ROOT / "reports" / "capacity.json"
+# The server: faster per token than tests.batching_server's default (answers live 2-3 s, as the H200's
+# did at these rates), and a prompt cost per joining request, so the first tokens bind the SLO
+ITERATION_S, PER_SEQ_S, PREFILL_S = 0.003, 0.00005, 0.08
+SLO = {"ttft_p95_ms": 250.0, "tpot_p95_ms": 100.0}
+LONGEST = 768  # the server's longest answer (tests.batching_server.TOKENS)
+TICK_S = 0.5  # how often the simulated monitor looks (measure_step: every 0.25 s)
+TRUTH_RATES = tuple(1.0 + 0.25 * i for i in range(25))  # 1..7 req/s
+TRUTH_S, TRUTH_SEEDS = 300.0, (101, 102, 103)
+PLAN = CapacityPlan(
+    tiers={"interactive": SLO}, scored=("interactive",), start_rate=8 / 3, min_step_s=15.0, min_requests=40,
+    step_limit=3, max_steps=10,
+)  # fmt: skip  # the GPU's plan (docs/metrics.md)
+
+
+def served(rate: float, duration_s: float, seed: int) -> list[dict[str, Any]]:
+    return batched_rows(rate, duration_s, seed, iteration_s=ITERATION_S, per_seq_s=PER_SEQ_S, prefill_s=PREFILL_S)
+
+
+class PreviousSearch(CapacitySearch):
+    """The rule before: every step that did not pass, an undecided one too, was a fail."""
+
+    def lowest_fail(self) -> float | None:
+        fails = [s.rate_req_s for s in self.steps if not s.passed]
+        return min(fails) if fails else None
+
+    def _propose(self) -> tuple[float | None, str | None]:
+        if not self.steps:
+            return (self.incumbent if self.incumbent is not None else min(self.start_rate, self.max_rate)), None
+        fail, best = self.lowest_fail(), self.capacity()
+        if fail is None:
+            if best >= self.max_rate:
+                return None, "max_rate"
+            return min(best * self.growth, self.max_rate), None
+        if best > 0:
+            return (None, "resolved") if (fail - best) / best <= self.resolution else (math.sqrt(best * fail), None)
+        if self.incumbent is not None and self.prune:
+            return (PRUNE_SHARE * self.incumbent, None) if len(self.steps) < 2 else (None, "pruned")
+        floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
+        return (fail / 2, None) if fail / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")
+
+
+@dataclass(frozen=True)
+class PreviousPlan(CapacityPlan):
+    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
+        return PreviousSearch(
+            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
+            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
+        )  # fmt: skip
+
+
+def simulate_step(rate: float, plan: CapacityPlan, seed: int) -> Measured:
+    """One step at ``rate`` on the simulated server, watched and ended as ``measure_step`` does."""
+    look_s = plan.look_s(rate)
+    schedule_s = plan.step_limit * look_s
+    rows = served(rate, schedule_s, seed)
+    slowest = (SLO["ttft_p95_ms"] + SLO["tpot_p95_ms"] * (LONGEST - 1)) / 1e3
+    deadline = schedule_s + max(MIN_DRAIN_S, DRAIN_SHARE * look_s, min(slowest, REQUEST_TIMEOUT_S))
+    last_end = max(float(r["done_s"]) for r in rows)
+    looks = _Looks(plan, rate, [])
+    reason, now = None, TICK_S
+    while now <= min(deadline, last_end):
+        seen: list[Row] = list(seen_at(rows, now))
+        reasons = [cut_reason(seen, slo, plan.target, now, looks.warmup_s) for slo in plan.tiers.values()]
+        reason = reasons[0] if None not in reasons else looks(seen, now)
+        if reason is not None:
+            break
+        now += TICK_S
+    duration = now if reason is not None else min(deadline, last_end)
+    decided = reason == DECIDED
+    end = min(schedule_s - looks.warmup_s, duration)
+    full = (looks.warmup_s, max(end, looks.warmup_s))
+    window = looks.window_s if decided and looks.window_s is not None else full
+    return Measured(
+        rate, seen_at(rows, duration), [], duration, aborted=reason is not None and not decided,
+        cut_reason=None if decided else reason, window_s=window, looks=looks.taken + (not decided),
+    )  # fmt: skip
+
+
+def one_search(plan: CapacityPlan, seed: int) -> dict[str, Any]:
+    served: list[Measured] = []
+
+    def measure(rate: float) -> Measured:
+        served.append(simulate_step(rate, plan, seed * 1000 + len(served)))
+        return served[-1]
+
+    result = search_capacity(measure, plan).results["interactive"]
+    return {
+        "seed": seed,
+        "capacity_req_s": result.capacity_req_s,
+        "bracket_req_s": list(result.bracket_req_s),
+        "stop_reason": result.stop_reason,
+        "steps": [[round(s.rate_req_s, 3), s.decision, round(s.attainment, 3), s.cut_reason] for s in result.steps],
+        "cut": sum(s.cut_reason is not None for s in result.steps),
+        "undecided": sum(s.decision == "undecided" for s in result.steps),
+        "served_s": round(sum(m.duration_s for m in served), 1),
+    }
+
+
+def truth_curve() -> list[float]:
+    """The server's attainment at each of ``TRUTH_RATES``: long runs, their first and last tenth dropped."""
+    curve = []
+    for rate in TRUTH_RATES:
+        shares = []
+        for seed in TRUTH_SEEDS:
+            outcomes = outcomes_in(served(rate, TRUTH_S, seed), SLO, 0.1 * TRUTH_S, 0.9 * TRUTH_S)
+            shares.append(sum(outcomes) / len(outcomes))
+        curve.append(statistics.fmean(shares))
+    return curve
+
+
+def knee_of(curve: Sequence[float], target: float) -> float:
+    """The rate where the (falling) curve crosses the target, linearly between grid points."""
+    points = list(zip(TRUTH_RATES, curve, strict=True))
+    for (r0, a0), (r1, a1) in zip(points, points[1:], strict=False):
+        if a0 >= target > a1:
+            return r0 + (r1 - r0) * (a0 - target) / (a0 - a1)
+    raise SystemExit("the grid does not cross the target: widen TRUTH_RATES")
+
+
+def summary(rule: str, searches: Sequence[dict[str, Any]], at: Callable[[float], float], knee: float) -> list[str]:
+    claims = [s["capacity_req_s"] for s in searches]
+    pairs = list(zip(claims[0::2], claims[1::2], strict=False))  # an odd one out has no pair
+    within = sum(max(a, b) <= 1.1 * min(a, b) and min(a, b) > 0 for a, b in pairs)
+    near = sum(at(c) >= PLAN.target - 0.05 for c in claims)
+    over = sum(at(1.2 * c) < PLAN.target for c in claims)
+    return [
+        rule, str(len(claims)), f"{statistics.median(claims):.2f}", f"{min(claims):.2f}", f"{max(claims):.2f}",
+        f"{statistics.median(claims) / knee:.2f}", f"{within}/{len(pairs)}", f"{near}/{len(claims)}",
+        f"{over}/{len(claims)}", f"{statistics.median(s['undecided'] for s in searches):g}",
+        f"{statistics.median(len(s['steps']) for s in searches):g}",
+        f"{statistics.median(s['served_s'] for s in searches):.0f}",
+    ]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--searches", type=int, default=20, help="searches per rule (paired as drive 1, drive 2)")
+    args = parser.parse_args()
+    run_stamp, before = _report.stamp(), _report.machine()
+    curve = truth_curve()
+    knee = knee_of(curve, PLAN.target)
+
+    def at(rate: float) -> float:
+        return float(np.interp(rate, TRUTH_RATES, curve))
+
+    plans: dict[str, CapacityPlan] = {"current": PLAN, "previous": PreviousPlan(**vars(PLAN))}
+    runs = {rule: [one_search(plan, seed) for seed in range(args.searches)] for rule, plan in plans.items()}
+    after = _report.machine()
+    header = [
+        "rule", "searches", "median req/s", "min", "max", "median / knee", "pairs within 10%",
+        "at the claim >= 0.85", "at 1.2x < 0.9", "undecided steps (median)", "steps (median)", "served s (median)",
+    ]  # fmt: skip
+    curve_md = ", ".join(f"{r:g}: {a:.3f}" for r, a in zip(TRUTH_RATES, curve, strict=True) if 2.0 <= r <= 6.0)
+    markdown = "\n\n".join([
+        "## The search on a known server (`bench_known_search`)",
+        f"{args.searches} whole capacity searches per rule on `tests/batching_server.py` (an iteration "
+        f"{ITERATION_S * 1e3:g} ms plus {PER_SEQ_S * 1e3:g} ms per request it holds, plus a "
+        f"prompt cost of {PREFILL_S * 1e3:g} ms per request joining it), under TTFT p95 <= "
+        f"{SLO['ttft_p95_ms']:g} ms and TPOT p95 <= {SLO['tpot_p95_ms']:g} ms, target {PLAN.target:g}, with the "
+        f"GPU's step plan (start {PLAN.start_rate:.2f} req/s, {PLAN.min_step_s:g} s and {PLAN.min_requests} "
+        f"requests a look, {PLAN.step_limit} looks, confidence "
+        f"{PLAN.confidence:g}, resolution {PLAN.resolution:g}, {PLAN.max_steps} steps at most). Searches k and k+1 "
+        "are a pair, as two drives of one boot are. The rules share seeds. *current*: an undecided step at or "
+        "above the target does not cap the search (it never counts as a pass); *previous*: every undecided "
+        "step was a fail.",
+        f"The server's attainment over {TRUTH_S:g} s runs ({len(TRUTH_SEEDS)} seeds): {curve_md}. It crosses "
+        f"{PLAN.target:g} at **{knee:.2f} req/s** (the knee). The columns *at the claim* and *at 1.2x* read that "
+        "curve at each search's claim: the engine client's goal (no more than 5 points under the target at "
+        "the claim, under it at 1.2x).",
+        _report.table(header, [summary(rule, runs[rule], at, knee) for rule in plans]),
+        "Goal (issue 24): two searches within 10 % of each other; at the claim no more than 5 points under "
+        "the target, and under it at 1.2x. Every search's steps are in `reports/capacity.json` under `known_search`.",
+        _report.contention(before, after),
+    ])  # fmt: skip
+    curve_by_rate = dict(zip(map(str, TRUTH_RATES), curve, strict=True))
+    data = {"stamp": run_stamp, "knee_req_s": knee, "curve": curve_by_rate, "runs": runs}
+    _report.write_section(NAME, markdown, data, MD_PATH, JSON_PATH)
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
