@@ -11,8 +11,9 @@ with a prompt cost per joining request so that a burst of arrivals delays every 
 Each search is ``tuner.measure.rate_steps.search_capacity`` with the GPU's step plan; each step is
 served offline by the simulated server and watched as ``measure_step`` watches a real one: the
 monitor's cuts (``cut_reason``) and the step's looks (``rate_steps._Looks``) every ``TICK_S``. The
-searches run under the current rule and under the one it replaced (an undecided step was a fail,
-whatever its attainment), which this file keeps only to compare, on the same seeds. The truth is the
+searches run under the current rules and under those they replaced (an undecided step was a fail,
+whatever its attainment; the monitor cut on growth over each half of its window), which this file
+keeps only to compare, on the same seeds. The truth is the
 server's attainment over long runs (300 s, three seeds) at each rate of a grid.
 """
 
@@ -22,12 +23,13 @@ import argparse
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tests.batching_server import batched_rows, seen_at
+from tests.batching_server import batched_rows, saturation_parts, seen_at
 from tests.benchmarks import _report
 from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch, Row, cut_reason, outcomes_in
 from tuner.measure.rate_steps import (
@@ -172,6 +174,7 @@ def summary(rule: str, searches: Sequence[dict[str, Any]], at: Callable[[float],
         rule, str(len(claims)), f"{statistics.median(claims):.2f}", f"{min(claims):.2f}", f"{max(claims):.2f}",
         f"{statistics.median(claims) / knee:.2f}", f"{within}/{len(pairs)}", f"{near}/{len(claims)}",
         f"{over}/{len(claims)}", f"{statistics.median(s['undecided'] for s in searches):g}",
+        f"{statistics.median(s['cut'] for s in searches):g}",
         f"{statistics.median(len(s['steps']) for s in searches):g}",
         f"{statistics.median(s['served_s'] for s in searches):.0f}",
     ]  # fmt: skip
@@ -188,12 +191,19 @@ def main() -> None:
     def at(rate: float) -> float:
         return float(np.interp(rate, TRUTH_RATES, curve))
 
-    plans: dict[str, CapacityPlan] = {"current": PLAN, "previous": PreviousPlan(**vars(PLAN))}
-    runs = {rule: [one_search(plan, seed) for seed in range(args.searches)] for rule, plan in plans.items()}
+    previous = PreviousPlan(**vars(PLAN))
+    rules: dict[str, tuple[CapacityPlan, tuple[int, float] | None]] = {
+        "current": (PLAN, None), "undecided as fail": (previous, None), "capacity check 6": (previous, (2, 2.0)),
+    }  # fmt: skip
+    runs = {}
+    for rule, (plan, parts) in rules.items():
+        with saturation_parts(*parts) if parts else nullcontext():
+            runs[rule] = [one_search(plan, seed) for seed in range(args.searches)]
     after = _report.machine()
     header = [
         "rule", "searches", "median req/s", "min", "max", "median / knee", "pairs within 10%",
-        "at the claim >= 0.85", "at 1.2x < 0.9", "undecided steps (median)", "steps (median)", "served s (median)",
+        "at the claim >= 0.85", "at 1.2x < 0.9", "undecided steps (median)", "steps cut (median)", "steps (median)",
+        "served s (median)",
     ]  # fmt: skip
     curve_md = ", ".join(f"{r:g}: {a:.3f}" for r, a in zip(TRUTH_RATES, curve, strict=True) if 2.0 <= r <= 6.0)
     markdown = "\n\n".join([
@@ -206,13 +216,15 @@ def main() -> None:
         f"requests a look, {PLAN.step_limit} looks, confidence "
         f"{PLAN.confidence:g}, resolution {PLAN.resolution:g}, {PLAN.max_steps} steps at most). Searches k and k+1 "
         "are a pair, as two drives of one boot are. The rules share seeds. *current*: an undecided step at or "
-        "above the target does not cap the search (it never counts as a pass); *previous*: every undecided "
-        "step was a fail.",
+        "above the target does not cap the search (it never counts as a pass), and the monitor's saturation "
+        "cut needs growth over each third of its window; *undecided as fail*: every undecided step was a "
+        "fail, the monitor as now; *capacity check 6*: every undecided step a fail and the cut on growth over "
+        "each half (the rules of the H200 run).",
         f"The server's attainment over {TRUTH_S:g} s runs ({len(TRUTH_SEEDS)} seeds): {curve_md}. It crosses "
         f"{PLAN.target:g} at **{knee:.2f} req/s** (the knee). The columns *at the claim* and *at 1.2x* read that "
         "curve at each search's claim: the engine client's goal (no more than 5 points under the target at "
         "the claim, under it at 1.2x).",
-        _report.table(header, [summary(rule, runs[rule], at, knee) for rule in plans]),
+        _report.table(header, [summary(rule, runs[rule], at, knee) for rule in rules]),
         "Goal (issue 24): two searches within 10 % of each other; at the claim no more than 5 points under "
         "the target, and under it at 1.2x. Every search's steps are in `reports/capacity.json` under `known_search`.",
         _report.contention(before, after),

@@ -9,8 +9,9 @@ at 1.2x their rate (reports/gpu-h200/capacity-check-5/NOTES.md): `rag`'s answers
 longer as the batch grows. This replays that shape on ``tests/batching_server.py``, where a rate is
 carried or not by construction (its token rate against the server's), and counts, per rate and over
 seeded steps, the steps cut by 27 s (a 30 s step's looks) and by 50 s, under the current rule and under
-the rule it replaced (the climb read from the longest lifetime of the step's first quarter of
-requests, growth judged over one window), which this file keeps only to compare.
+the two it replaced, which this file keeps only to compare: *halves* (capacity check 6's: growth over
+the judged window and each of its halves) and *first* (capacity check 5's: the climb read from the
+longest lifetime of the step's first quarter of requests, growth judged over one window).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.batching_server import batched_rows, carried, seen_at
+from tests.batching_server import batched_rows, carried, saturation_parts, seen_at
 from tests.benchmarks import _report
 from tuner.measure.capacity import MIN_WATCH_S, SATURATION_SAMPLES, _end_s, growing, saturated
 
@@ -36,8 +37,14 @@ PREVIOUS_SHARE = 0.25  # the replaced rule: the first quarter of the time's requ
 Row = dict[str, Any]
 
 
-def previous_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_span_s: float) -> bool:
-    """The rule before: from the longest lifetime of the first requests (none while one still runs),
+def halves_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_span_s: float) -> bool:
+    """Capacity check 6's rule: growth over the window and over each of its halves, two sigmas each."""
+    with saturation_parts(2, 2.0):
+        return saturated(rows, start_s, end_s, min_span_s=min_span_s)
+
+
+def first_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_span_s: float) -> bool:
+    """Capacity check 5's rule: from the longest lifetime of the first requests (none while one still runs),
     in-flight growing over one window."""
     first = min(float(r["sent_s"]) for r in rows)
     early = [r for r in rows if float(r["sent_s"]) <= first + PREVIOUS_SHARE * (end_s - first)]
@@ -58,7 +65,8 @@ def previous_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_sp
 
 RULES: dict[str, Callable[[Sequence[Row], float, float, float], bool]] = {
     "current": lambda rows, start, end, span: saturated(rows, start, end, min_span_s=span),
-    "previous": previous_saturated,
+    "halves": halves_saturated,
+    "first": first_saturated,
 }
 
 
@@ -80,12 +88,14 @@ def main() -> None:
     after = _report.machine()
     n = args.seeds
     rows_md = [
-        [f"{d['rate_req_s']:g}", "yes" if d["carried"] else "no",
-         f"{d['current_27s']}/{n}", f"{d['previous_27s']}/{n}", f"{d['current_50s']}/{n}", f"{d['previous_50s']}/{n}"]
+        [f"{d['rate_req_s']:g}", "yes" if d["carried"] else "no"]
+        + [f"{d[f'{rule}_{until}']}/{n}" for until in ("27s", "50s") for rule in RULES]
         for d in data
     ]  # fmt: skip
     wrong = {rule: sum(d[f"{rule}_27s"] if d["carried"] else n - d[f"{rule}_27s"] for d in data) for rule in RULES}
-    header = ["rate (req/s)", "carried", "cut by 27 s: current", "previous", "cut by 50 s: current", "previous"]
+    header = ["rate (req/s)", "carried"] + [
+        f"cut by {until}: {rule}" if i == 0 else rule for until in ("27 s", "50 s") for i, rule in enumerate(RULES)
+    ]
     markdown = "\n\n".join([
         "## The saturation test (`bench_saturation`)",
         f"{n} seeded Poisson steps per rate on `tests/batching_server.py` (answers of 256-768 tokens; an "
@@ -93,7 +103,8 @@ def main() -> None:
         f"A cell is the steps the monitor cut as saturated at its looks ({', '.join(f'{t:g}' for t in SHORT)} s; "
         f"then {', '.join(f'{t:g}' for t in LONG[len(SHORT):])} s), from warm-up {WARMUP_S:g} s, over at least "
         f"{MIN_WATCH_S:g} s. A cut of a carried rate is a false fail; no cut of a rate not carried leaves "
-        "the step to its attainment.",
+        "the step to its attainment. *current*: growth over the judged window and each of its thirds; "
+        "*halves*: the rule of capacity check 6 (each half); *first*: the rule of capacity check 5.",
         _report.table(header, rows_md),
         "Wrong calls by 27 s over all rates (a carried rate cut, or a rate not carried left uncut): "
         + ", ".join(f"{rule} rule {w} of {n * len(RATES)}" for rule, w in wrong.items()) + ".",

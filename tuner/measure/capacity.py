@@ -17,9 +17,11 @@ Rules, chosen so the answer is conservative and the search always ends:
   long as a request lives, and a request lives longer as the batch it joins grows, so growth is
   judged only from one lifetime after the first send (the ``SETTLE_QUANTILE`` of the lifetimes of
   every request ended so far, ``settled_from``), mid-step only over at least ``MIN_WATCH_S`` from
-  there, and only when in-flight grows over each half of that window as well as over the whole: a
-  load-dependent batch wanders by far more than Poisson noise, and one wander reads as a slope over
-  a window, rarely over both of its halves (reports/capacity.md, section "The saturation test").
+  there, and only when in-flight grows over each third of that window as well as over the whole: a
+  load-dependent batch wanders by far more than Poisson noise, and one wander, or a burst of arrivals
+  that slows the batch it joins, reads as a slope over a window and often over both of its halves,
+  rarely over all three of its thirds (reports/capacity.md, sections "The saturation test" and "The
+  search on a known server").
 - decided, not drawn: a step's attainment is a proportion with an interval (``attainment_interval``).
   It passes only when the interval's lower end is at or above the target, and fails only when its
   upper end is below it; otherwise it is *undecided*, and the step goes on serving (up to its limit)
@@ -59,8 +61,10 @@ SATURATION_RISE = 8.0  # fewest requests the in-flight count must rise by, so Po
 SATURATION_SAMPLES = 32
 # Poisson arrivals make in-flight wander by about its square root: a rise is believed above 3 of those.
 SATURATION_SIGMAS = 3.0
-# each half of the judged window must rise by two of them: a wander seldom keeps its direction over both
-HALF_SIGMAS = 2.0
+SATURATION_PARTS = 3  # the judged window's parts, each of which must rise as well as the whole
+# each part must rise by one and a half of them: a wander seldom keeps its direction over all the parts
+# (a part holds a third of the rise, so two of them would miss a real pile-up for seconds longer)
+PART_SIGMAS = 1.5
 SETTLE_QUANTILE = 0.75  # of the lifetimes ended so far: how long in-flight climbs before it can be judged
 MIN_LIVES = 5  # fewest ended requests whose lifetimes tell that climb
 MIN_WATCH_S = 5.0  # mid-step, saturation is judged over at least this long after warm-up, never on a glimpse
@@ -242,7 +246,7 @@ def saturated(
 ) -> bool:
     """Whether in-flight requests keep piling up over [start_s, end_s], judged from when they should
     have settled (``settled_from``) and over at least ``min_span_s``: growing over the window and over
-    each of its halves. With end_s = now it works mid-step."""
+    each of its ``SATURATION_PARTS`` parts. With end_s = now it works mid-step."""
     settled = settled_from(rows, start_s, end_s) if rows else None
     if settled is None:
         return False
@@ -259,11 +263,11 @@ def saturated(
 
     if not growing(*in_flight(settled, end_s), share=share, min_rise=min_rise):
         return False
-    # each half must rise too, past a lower bar (half the window holds half the rise)
-    middle = (settled + end_s) / 2
+    # each part must rise too, past a lower bar (a part of the window holds its part of the rise)
+    edges = np.linspace(settled, end_s, SATURATION_PARTS + 1)
     return all(
-        growing(*in_flight(a, b), share=share, min_rise=min_rise / 2, sigmas=HALF_SIGMAS)
-        for a, b in ((settled, middle), (middle, end_s))
+        growing(*in_flight(a, b), share=share, min_rise=min_rise / SATURATION_PARTS, sigmas=PART_SIGMAS)
+        for a, b in zip(edges[:-1], edges[1:], strict=True)
     )
 
 

@@ -202,11 +202,12 @@ def test_saturation_growing_in_flight_vs_steady() -> None:
     assert not saturated(steady(10.0, 20.0), 2.0, 18.0)
     assert not saturated(steady(0.5, 20.0, latency=3.0), 2.0, 18.0)
     # mid-step: the rows seen so far, unfinished ones without done_s, already show the pile-up
-    # (the climb is read from the ended requests' lifetimes, so the cut needs MIN_WATCH_S past them)
-    seen = [r if r["done_s"] <= 9.0 else {**r, "first_s": None, "done_s": None} for r in queued(10.0, 9.0, 0.2)]
-    assert saturated(seen, 1.0, 9.0)
-    assert should_abort(seen, STRICT, 0.9, now_s=9.0, warmup_s=1.0)
-    assert cut_reason(seen, STRICT, 0.9, now_s=9.0, warmup_s=1.0) == "saturated"
+    # (the climb is read from the ended requests' lifetimes, so the cut needs MIN_WATCH_S past them,
+    # and a rise over each third of the window)
+    seen = [r if r["done_s"] <= 11.0 else {**r, "first_s": None, "done_s": None} for r in queued(10.0, 11.0, 0.2)]
+    assert saturated(seen, 1.0, 11.0)
+    assert should_abort(seen, STRICT, 0.9, now_s=11.0, warmup_s=1.0)
+    assert cut_reason(seen, STRICT, 0.9, now_s=11.0, warmup_s=1.0) == "saturated"
     assert not should_abort(steady(10.0, 8.0), {"e2e_p95_ms": 1000.0}, 0.9, now_s=8.0, warmup_s=1.0)
 
 
@@ -331,9 +332,12 @@ def test_a_busy_server_that_keeps_up_is_not_called_saturated_early() -> None:
         assert not should_abort(seen, slo, 0.9, now_s=3.0, warmup_s=1.5), seed
         assert not saturated(rows, 1.5, 13.5), seed
     # the same rate against a server that serves one at a time (each 0.1 s) still piles up, and says so
+    # (a rise of 3 req/s, told over each third of the window once the window is long enough)
     overload = queued(13.0, 15.0, 0.1)
-    seen = [r if r["done_s"] <= 8.0 else {**r, "first_s": None, "done_s": None} for r in overload if r["sent_s"] <= 8.0]
-    assert should_abort(seen, {"e2e_p95_ms": 1e9}, 0.9, now_s=8.0, warmup_s=1.5)
+    seen = [
+        r if r["done_s"] <= 12.0 else {**r, "first_s": None, "done_s": None} for r in overload if r["sent_s"] <= 12.0
+    ]
+    assert should_abort(seen, {"e2e_p95_ms": 1e9}, 0.9, now_s=12.0, warmup_s=1.5)
 
 
 # --- decided, not drawn -----------------------------------------------------------------------------
@@ -541,11 +545,14 @@ def test_a_batching_server_that_keeps_up_is_seldom_cut_as_saturated() -> None:
 
 
 def test_a_batching_server_that_cannot_keep_up_is_cut_as_saturated() -> None:
-    """Above the server's token rate the batch grows without end. The rule before waited for the first
-    requests to end, which under such a load end late, and cut 1 and 0 of these 30 steps."""
-    for rate in (15.0, 20.0):
+    """Above the server's token rate the batch grows without end. The rule of capacity check 5 waited for
+    the first requests to end, which under such a load end late, and cut 1 and 0 of these 30 steps.
+    Growth over each third of the window is told later than over each half, so at 15 req/s, 1.25x
+    the server's rate, fewer are cut by 27 s (reports/capacity.md, "The saturation test"); a step
+    not cut goes on to be judged on its whole window."""
+    for rate, least in ((15.0, 15), (20.0, 24)):
         cuts = sum(cut_saturated(rate, seed) for seed in range(30))
-        assert cuts >= 24, (rate, cuts)
+        assert cuts >= least, (rate, cuts)
 
 
 def test_a_step_waits_as_long_as_a_passing_request_can_take() -> None:
