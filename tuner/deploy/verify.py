@@ -10,6 +10,7 @@ back out of any exported launch file and checks the files of one engine environm
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,14 +76,21 @@ def check_files(paths: list[Path], engine_env: str | None) -> Iterator[Checked]:
     group's verdicts come as soon as its parser has run, so one missing environment still leaves
     the other groups' verdicts said."""
 
-    groups: dict[tuple[str, str | None], list[tuple[Path, list[str]]]] = {}
+    groups: dict[tuple[str, str], list[tuple[Path, list[str]]]] = {}
+    locations: dict[tuple[str, str], Path | None] = {}  # each group's environment as first named
     for path in paths:
         module, argv, python = read_launch_file(path)
         engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
         if engine is None:
             raise ExportError(f"{path}: unknown engine module {module}")
-        groups.setdefault((engine, engine_env or python), []).append((path, argv))
-    for (engine, where), files in groups.items():
-        env = env_probe.probe(ADAPTERS[engine](), Path(where) if where else None)
+        named = engine_env or python
+        # keyed by the interpreter's absolute path (symlinks kept: a venv's python links to the base
+        # one), so a manifest naming the default environment shares its parser run with the rest
+        where = Path(named) if named else env_probe.default_env_dir(engine)
+        key = (engine, os.path.abspath(env_probe.python_of(where)))
+        locations.setdefault(key, Path(named) if named else None)
+        groups.setdefault(key, []).append((path, argv))
+    for (engine, interpreter), files in groups.items():
+        env = env_probe.probe(ADAPTERS[engine](), locations[(engine, interpreter)])
         verdicts = check_argvs(env, [argv for _, argv in files])
         yield from ((path, engine, env.version, v) for (path, _), v in zip(files, verdicts, strict=True))

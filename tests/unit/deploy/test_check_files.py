@@ -68,3 +68,27 @@ def test_an_unreadable_file_stops_the_check_before_any_parser_runs(
     code, out, err = cli(["check", str(vllm), str(tmp_path / "missing.sh")], capsys)
     assert code == 2 and ran == [] and out == ""
     assert "missing.sh: cannot read" in err and len(err.splitlines()) == 1
+
+
+def test_a_manifest_naming_the_default_environment_shares_its_parser_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a manifest records the environment's python; a .sh names none and takes the default one
+    monkeypatch.setenv("TUNER_ENGINES_DIR", str(tmp_path / "engines"))
+    default = tmp_path / "engines" / "vllm" / "bin" / "python"
+    default.parent.mkdir(parents=True)
+    monkeypatch.setattr(
+        tuner.engines.env, "probe", lambda adapter, location=None: EngineEnv(adapter.name, str(location), "v", "0.32.0")
+    )
+    runs: list[list[list[str]]] = []
+    monkeypatch.setattr(
+        tuner.deploy.verify, "check_argvs",
+        lambda env, argvs, timeout_s=600.0: runs.append(argvs) or [{"ok": True, "speculative": False} for _ in argvs],
+    )  # fmt: skip
+    script = tmp_path / "vllm.sh"
+    script.write_text(f"#!/bin/sh\nexec python -m {ADAPTERS['vllm'].module} --model m\n")
+    (tmp_path / "b").mkdir()
+    elsewhere = _manifest(tmp_path / "b", "vllm", "/venvs/other/bin/python")
+    code, out, _ = cli(["check", str(_manifest(tmp_path, "vllm", str(default))), str(script), str(elsewhere)], capsys)
+    assert code == 0 and len(out.splitlines()) == 3
+    assert sorted(len(r) for r in runs) == [1, 2], "the default environment's two files in one run, the other apart"
