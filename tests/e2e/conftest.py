@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -84,3 +86,17 @@ def search_study(study: str, storage: str, trials: int, *extra: str) -> subproce
         "--confidence", "0.6",  # and steps that decide sooner than at the CPU default, for the same reason
         *extra,
     )  # fmt: skip
+
+
+def capacity_of(steps: list[dict[str, Any]], target: float) -> float:
+    """The capacity a search's recorded steps give: the highest pass below every fail, a fail being a
+    step that did not pass, other than one only undecided at or above the target (not cut, not
+    saturated, its queue not growing), which the search climbs past (docs/metrics.md)."""
+
+    def leans_pass(s: dict[str, Any]) -> bool:
+        clean = not (s["saturated"] or s["queue_growing"] or s["cut_reason"])
+        return s["decision"] == "undecided" and s["attainment"] >= target and clean
+
+    fails = [s["rate_req_s"] for s in steps if not s["passed"] and not leans_pass(s)]
+    return max((s["rate_req_s"] for s in steps if s["passed"] and s["rate_req_s"] < min(fails, default=math.inf)),
+               default=0.0)  # fmt: skip
