@@ -101,6 +101,13 @@ def verify_only(rev: str) -> dict[str, Any]:
     return {**old, "before_rev": old.get("before_rev", rev), "verify": verified, "verify_search": searched}
 
 
+# what a --before revision measured differently, for the report's text
+BEFORE_SAYS = {
+    "191f2db": "steps cycle a pool and pass on the point estimate; its `rag` preset is not GuideLLM's RAG shape",
+    "7c6bc66": "the H200's capacity check 6: an undecided step is a fail, the saturation cut on each half",
+}
+
+
 def both(codes: dict[str, Path], url: str, model_dir: str, first: int) -> dict[str, dict[str, Any]]:
     order = list(codes) if first % 2 == 0 else list(reversed(codes))
     return {name: drive(codes[name], url, model_dir) for name in order}
@@ -176,11 +183,9 @@ def render(data: dict[str, Any]) -> str:
         "",
         "Regenerate: `python -m tests.benchmarks bench_capacity_trust`. The vLLM defaults on the CPU build, "
         "interactive tier, each search a `tuner drive --capacity` run as a user runs it; *before* is "
-        f"`{data['before_rev']}` (steps cycle a pool, pass on the point estimate), *after* this commit "
-        "(distinct requests, steps decided by their interval, the queue watched). The codes alternate. "
-        "Each code drives its own `rag` preset at the served context: the two presets differ where "
-        "*after* has GuideLLM's RAG shape (reports/workloads.md), so the capacities' levels do not compare "
-        "across the codes; their spreads do.",
+        f"`{data['before_rev']}` ({BEFORE_SAYS.get(data['before_rev'], 'see CHANGELOG.md')}), *after* this "
+        "commit. The codes alternate. Each code drives its own `rag` preset at the served context: where "
+        "the two presets differ, the capacities' levels do not compare across the codes; their spreads do.",
         "",
         "### One boot",
         "",
