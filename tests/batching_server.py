@@ -12,11 +12,7 @@ speed: they make a server that carries about 12 req/s.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
-
-from tuner.measure import capacity
 
 ITERATION_S = 0.006  # an iteration's fixed time
 PER_SEQ_S = 0.00016  # and its time per request it holds
@@ -75,15 +71,3 @@ def seen_at(rows: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
         else:
             seen.append({**r, "done_s": None, "first_s": r["first_s"] if r["first_s"] <= now_s else None})
     return seen
-
-
-@contextmanager
-def saturation_parts(parts: int, sigmas: float) -> Iterator[None]:
-    """Within it, ``tuner.measure.capacity.saturated`` judges growth over ``parts`` parts of the window at
-    ``sigmas`` each: (2, 2.0) is the rule of capacity check 6, kept only for the benchmarks to compare."""
-    before = capacity.SATURATION_PARTS, capacity.PART_SIGMAS
-    capacity.SATURATION_PARTS, capacity.PART_SIGMAS = parts, sigmas
-    try:
-        yield
-    finally:
-        capacity.SATURATION_PARTS, capacity.PART_SIGMAS = before

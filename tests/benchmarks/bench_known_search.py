@@ -12,26 +12,25 @@ Each search is ``tuner.measure.rate_steps.search_capacity`` with the GPU's step 
 served offline by the simulated server and watched as ``measure_step`` watches a real one: the
 monitor's cuts (``cut_reason``) and the step's looks (``rate_steps._Looks``) every ``TICK_S``. The
 searches run under the current rules and under those they replaced (an undecided step was a fail,
-whatever its attainment; the monitor cut on growth over each half of its window), which this file
-keeps only to compare, on the same seeds. The truth is the
+whatever its attainment; the monitor cut on growth over each half of its window), which
+``tests/benchmarks/_previous_rules.py`` keeps only to compare, on the same seeds. The truth is the
 server's attainment over long runs (300 s, three seeds) at each rate of a grid.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tests.batching_server import batched_rows, saturation_parts, seen_at
+from tests.batching_server import batched_rows, seen_at
 from tests.benchmarks import _report
-from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch, Row, cut_reason, outcomes_in
+from tests.benchmarks._previous_rules import PreviousPlan, saturation_parts
+from tuner.measure.capacity import Row, cut_reason, outcomes_in
 from tuner.measure.rate_steps import (
     DECIDED,
     DRAIN_SHARE,
@@ -61,38 +60,6 @@ PLAN = CapacityPlan(
 
 def served(rate: float, duration_s: float, seed: int) -> list[dict[str, Any]]:
     return batched_rows(rate, duration_s, seed, iteration_s=ITERATION_S, per_seq_s=PER_SEQ_S, prefill_s=PREFILL_S)
-
-
-class PreviousSearch(CapacitySearch):
-    """The rule before: every step that did not pass, an undecided one too, was a fail."""
-
-    def lowest_fail(self) -> float | None:
-        fails = [s.rate_req_s for s in self.steps if not s.passed]
-        return min(fails) if fails else None
-
-    def _propose(self) -> tuple[float | None, str | None]:
-        if not self.steps:
-            return (self.incumbent if self.incumbent is not None else min(self.start_rate, self.max_rate)), None
-        fail, best = self.lowest_fail(), self.capacity()
-        if fail is None:
-            if best >= self.max_rate:
-                return None, "max_rate"
-            return min(best * self.growth, self.max_rate), None
-        if best > 0:
-            return (None, "resolved") if (fail - best) / best <= self.resolution else (math.sqrt(best * fail), None)
-        if self.incumbent is not None and self.prune:
-            return (PRUNE_SHARE * self.incumbent, None) if len(self.steps) < 2 else (None, "pruned")
-        floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
-        return (fail / 2, None) if fail / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")
-
-
-@dataclass(frozen=True)
-class PreviousPlan(CapacityPlan):
-    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
-        return PreviousSearch(
-            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
-            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
-        )  # fmt: skip
 
 
 def simulate_step(rate: float, plan: CapacityPlan, seed: int) -> Measured:

@@ -9,9 +9,10 @@ at 1.2x their rate (reports/gpu-h200/capacity-check-5/NOTES.md): `rag`'s answers
 longer as the batch grows. This replays that shape on ``tests/batching_server.py``, where a rate is
 carried or not by construction (its token rate against the server's), and counts, per rate and over
 seeded steps, the steps cut by 27 s (a 30 s step's looks) and by 50 s, under the current rule and under
-the two it replaced, which this file keeps only to compare: *halves* (capacity check 6's: growth over
-the judged window and each of its halves) and *first* (capacity check 5's: the climb read from the
-longest lifetime of the step's first quarter of requests, growth judged over one window).
+the two it replaced, kept only to compare: *halves* (capacity check 6's: growth over the judged window
+and each of its halves, through ``tests/benchmarks/_previous_rules.py``) and *first*, which this file
+keeps (capacity check 5's: the climb read from the longest lifetime of the step's first quarter of
+requests, growth judged over one window).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from tests.batching_server import batched_rows, carried, saturation_parts, seen_at
+from tests.batching_server import batched_rows, carried, seen_at
 from tests.benchmarks import _report
+from tests.benchmarks._previous_rules import saturation_parts
 from tuner.measure.capacity import MIN_WATCH_S, SATURATION_SAMPLES, _end_s, growing, saturated
 
 NAME = "saturation"

@@ -16,6 +16,7 @@ import pytest
 
 from tuner.engines.env import EngineEnv, probe
 from tuner.engines.vllm import VllmAdapter
+from tuner.measure.capacity import Step, leans_pass
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "VLLM::", "EngineCore")
@@ -90,13 +91,8 @@ def search_study(study: str, storage: str, trials: int, *extra: str) -> subproce
 
 def capacity_of(steps: list[dict[str, Any]], target: float) -> float:
     """The capacity a search's recorded steps give: the highest pass below every fail, a fail being a
-    step that did not pass, other than one only undecided at or above the target (not cut, not
-    saturated, its queue not growing), which the search climbs past (docs/metrics.md)."""
-
-    def leans_pass(s: dict[str, Any]) -> bool:
-        clean = not (s["saturated"] or s["queue_growing"] or s["cut_reason"])
-        return s["decision"] == "undecided" and s["attainment"] >= target and clean
-
-    fails = [s["rate_req_s"] for s in steps if not s["passed"] and not leans_pass(s)]
+    step that did not pass, other than one that leans to a pass (``leans_pass``: only undecided, at or
+    above the target), which the search climbs past (docs/metrics.md)."""
+    fails = [s["rate_req_s"] for s in steps if not s["passed"] and not leans_pass(Step(**s), target)]
     return max((s["rate_req_s"] for s in steps if s["passed"] and s["rate_req_s"] < min(fails, default=math.inf)),
                default=0.0)  # fmt: skip

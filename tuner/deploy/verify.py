@@ -76,8 +76,8 @@ def check_files(paths: list[Path], engine_env: str | None) -> Iterator[Checked]:
     group's verdicts come as soon as its parser has run, so one missing environment still leaves
     the other groups' verdicts said."""
 
-    groups: dict[tuple[str, str], list[tuple[Path, list[str]]]] = {}
-    locations: dict[tuple[str, str], Path | None] = {}  # each group's environment as first named
+    # (engine, interpreter) -> the environment as first named (None: the default) and its files
+    groups: dict[tuple[str, str], tuple[Path | None, list[tuple[Path, list[str]]]]] = {}
     for path in paths:
         module, argv, python = read_launch_file(path)
         engine = next((name for name, a in ADAPTERS.items() if a.module == module), None)
@@ -88,9 +88,8 @@ def check_files(paths: list[Path], engine_env: str | None) -> Iterator[Checked]:
         # one), so a manifest naming the default environment shares its parser run with the rest
         where = Path(named) if named else env_probe.default_env_dir(engine)
         key = (engine, os.path.abspath(env_probe.python_of(where)))
-        locations.setdefault(key, Path(named) if named else None)
-        groups.setdefault(key, []).append((path, argv))
-    for (engine, interpreter), files in groups.items():
-        env = env_probe.probe(ADAPTERS[engine](), locations[(engine, interpreter)])
+        groups.setdefault(key, (Path(named) if named else None, []))[1].append((path, argv))
+    for (engine, _), (location, files) in groups.items():
+        env = env_probe.probe(ADAPTERS[engine](), location)
         verdicts = check_argvs(env, [argv for _, argv in files])
         yield from ((path, engine, env.version, v) for (path, _), v in zip(files, verdicts, strict=True))

@@ -377,6 +377,11 @@ def leans_pass(step: Step, target: float) -> bool:
     return not step.passed and step.decision == UNDECIDED and step.attainment >= target and clean
 
 
+def lowest_not_passed(steps: Iterable[Step], above: float = 0.0) -> float | None:
+    """The lowest rate above ``above`` whose step did not pass (a fail or an undecided step), or None."""
+    return min((s.rate_req_s for s in steps if not s.passed and s.rate_req_s > above), default=None)
+
+
 def judged_step(rate_req_s: float, attainment: float, target: float, *, is_saturated: bool = False) -> Step:
     """A Step from an attainment alone, for captures without request rows and for synthetic curves."""
     passed = attainment >= target and not is_saturated
@@ -461,8 +466,7 @@ class CapacityResult:
     @property
     def bracket_req_s(self) -> tuple[float, float | None]:
         """(the capacity, the lowest rate above it that did not pass; None if none did not)."""
-        above = [s.rate_req_s for s in self.steps if not s.passed and s.rate_req_s > self.capacity_req_s]
-        return self.capacity_req_s, min(above, default=None)
+        return self.capacity_req_s, lowest_not_passed(self.steps, above=self.capacity_req_s)
 
     def at_capacity(self) -> Step | None:
         """The step the capacity was decided at (None when nothing passed)."""
@@ -527,9 +531,6 @@ class CapacitySearch:
         fails = [s.rate_req_s for s in self.steps if not s.passed and not leans_pass(s, self.target)]
         return min(fails) if fails else None
 
-    def _lowest_not_passed(self, above: float = 0.0) -> float | None:
-        return min((s.rate_req_s for s in self.steps if not s.passed and s.rate_req_s > above), default=None)
-
     def _leaning(self, ceiling: float | None) -> float:
         """The highest rate below ``ceiling`` that passed or leans to a pass: where the knee is above."""
         leaning = [
@@ -573,7 +574,7 @@ class CapacitySearch:
         if fail is not None and leaning > best and (fail - leaning) / leaning > self.resolution:
             return math.sqrt(leaning * fail), None  # the knee lies above an undecided step: bisect up to it
         # the bracket that counts: the capacity (a decided pass) and the lowest rate above it not passed
-        upper = self._lowest_not_passed(above=best)
+        upper = lowest_not_passed(self.steps, above=best)
         if best > 0:
             if upper is None:
                 return None, "max_rate"
@@ -583,7 +584,7 @@ class CapacitySearch:
         if self.incumbent is not None and self.prune:  # nothing passed below the incumbent: one rescue probe
             rescued = any(s.rate_req_s < self.incumbent for s in self.steps)
             return (None, "pruned") if rescued else (PRUNE_SHARE * self.incumbent, None)
-        lowest = self._lowest_not_passed()
+        lowest = lowest_not_passed(self.steps)
         assert lowest is not None  # steps were measured and none passed
         floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
         return (lowest / 2, None) if lowest / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")

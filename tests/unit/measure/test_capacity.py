@@ -7,6 +7,7 @@ import math
 import random
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -444,9 +445,7 @@ def test_the_h200_drive_whose_first_step_was_undecided_now_climbs_past_it() -> N
     proposed = []
     while (rate := search.next_rate()) is not None and round(rate, 2) in answers:
         proposed.append(round(rate, 2))
-        step = answers[round(rate, 2)]
-        search.record(Step(rate, step.attainment, step.passed, decision=step.decision,
-                           attainment_low=step.attainment_low, attainment_high=step.attainment_high))  # fmt: skip
+        search.record(replace(answers[round(rate, 2)], rate_req_s=rate))
     assert proposed == [2.67, 5.33, 3.77, 4.48], "drive 2's path, from drive 1's undecided first step"
     assert rate is not None and 4.48 < rate < 5.33 and search.capacity() == pytest.approx(4.485, abs=0.01)
 

@@ -1,0 +1,62 @@
+"""Rules the capacity measurement replaced, kept only so the benchmarks can run them beside the current ones.
+
+- ``saturation_parts``: ``tuner.measure.capacity.saturated`` over another number of the judged
+  window's parts, through the module's own constants; (2, 2.0) is the rule of capacity check 6.
+- ``PreviousSearch`` (``PreviousPlan`` runs it): the search of capacity check 6, where every step that
+  did not pass, an undecided one too, was a fail.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from tuner.measure import capacity
+from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch
+from tuner.measure.rate_steps import CapacityPlan
+
+
+@contextmanager
+def saturation_parts(parts: int, sigmas: float) -> Iterator[None]:
+    """Within it, ``tuner.measure.capacity.saturated`` judges growth over ``parts`` parts of the window at
+    ``sigmas`` each: (2, 2.0) is the rule of capacity check 6, kept only for the benchmarks to compare."""
+    before = capacity.SATURATION_PARTS, capacity.PART_SIGMAS
+    capacity.SATURATION_PARTS, capacity.PART_SIGMAS = parts, sigmas
+    try:
+        yield
+    finally:
+        capacity.SATURATION_PARTS, capacity.PART_SIGMAS = before
+
+
+class PreviousSearch(CapacitySearch):
+    """The rule before: every step that did not pass, an undecided one too, was a fail."""
+
+    def lowest_fail(self) -> float | None:
+        fails = [s.rate_req_s for s in self.steps if not s.passed]
+        return min(fails) if fails else None
+
+    def _propose(self) -> tuple[float | None, str | None]:
+        if not self.steps:
+            return (self.incumbent if self.incumbent is not None else min(self.start_rate, self.max_rate)), None
+        fail, best = self.lowest_fail(), self.capacity()
+        if fail is None:
+            if best >= self.max_rate:
+                return None, "max_rate"
+            return min(best * self.growth, self.max_rate), None
+        if best > 0:
+            return (None, "resolved") if (fail - best) / best <= self.resolution else (math.sqrt(best * fail), None)
+        if self.incumbent is not None and self.prune:
+            return (PRUNE_SHARE * self.incumbent, None) if len(self.steps) < 2 else (None, "pruned")
+        floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
+        return (fail / 2, None) if fail / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")
+
+
+@dataclass(frozen=True)
+class PreviousPlan(CapacityPlan):
+    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
+        return PreviousSearch(
+            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
+            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
+        )  # fmt: skip
