@@ -4,6 +4,8 @@
   window's parts, through the module's own constants; (2, 2.0) is the rule of capacity check 6.
 - ``PreviousSearch`` (``PreviousPlan`` runs it): the search of capacity check 6, where every step that
   did not pass, an undecided one too, was a fail.
+- ``AnySamplePlan``: the looks of capacity checks 6 and 7, which decided a step on however few
+  outcomes were known by then (now a look waits for the plan's ``min_requests``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,18 @@ class PreviousSearch(CapacitySearch):
 
 
 @dataclass(frozen=True)
-class PreviousPlan(CapacityPlan):
+class AnySamplePlan(CapacityPlan):
+    """The looks of capacity check 7: a look decided on the outcomes it knew, however few."""
+
+    @property
+    def look_sample(self) -> int:
+        return 1
+
+
+@dataclass(frozen=True)
+class PreviousPlan(AnySamplePlan):
+    """The search of capacity check 6 (``PreviousSearch``), with its looks on any sample."""
+
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
         return PreviousSearch(
             target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,

@@ -10,9 +10,10 @@ one per minimum's length): it stops as soon as every scored tier's attainment in
 side of the target, and otherwise goes on, up to ``step_limit`` times its minimum, after which an
 undecided tier stays undecided (not a pass). A look counts only requests sent since the ramp-up
 whose outcome is known by then, in send order, so the slow requests still running cannot be left
-out. A monitor also stops a step as soon as the server is saturated or attainment has collapsed
-under every tier, and a step's drain is bounded: requests still running then are misses. The
-server's waiting queue is sampled through the step, and a queue that keeps growing is no pass.
+out, and it waits until ``min_requests`` of those are known. A monitor also stops a step as soon as
+the server is saturated or attainment has collapsed under every tier, and a step's drain is
+bounded: requests still running then are misses. The server's waiting queue is sampled through the
+step, and a queue that keeps growing is no pass.
 Steps are measured once per rate and judged under every tier's SLO (``tuner.measure.capacity``),
 so the tiers share them.
 """
@@ -94,6 +95,11 @@ class CapacityPlan:
         """How long a step at ``rate`` serves before its first look, and between looks."""
         return max(self.min_step_s, self.min_requests / rate)
 
+    @property
+    def look_sample(self) -> int:
+        """The fewest requests with a known outcome, under each scored tier, that a look decides on."""
+        return self.min_requests
+
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
         return CapacitySearch(
             target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
@@ -167,11 +173,10 @@ def step_requests(supply: RequestSupply, rate: float, plan: CapacityPlan) -> tup
     return out, replayed
 
 
-def slowest_passing_s(plan: CapacityPlan, requests: Sequence[Request]) -> float:
-    """The longest a request of ``requests`` may take and still meet a scored tier's SLO: the drain a
-    step waits past its last release, so a long answer that is on time is never cut and counted a
-    miss (capped at the request timeout; a step whose requests all end sooner ends sooner)."""
-    longest = max((r.max_tokens for r in requests), default=1)
+def slowest_passing_s(plan: CapacityPlan, longest: int) -> float:
+    """The longest a request of ``longest`` output tokens may take and still meet a scored tier's SLO:
+    the drain a step waits past its last release, so a long answer that is on time is never cut and
+    counted a miss (capped at the request timeout; a step whose requests all end sooner ends sooner)."""
     allowed = []
     for tier in plan.scored:
         slo = plan.tiers[tier]
@@ -251,7 +256,7 @@ async def _serve_step(
     return records, started, time.perf_counter(), reason
 
 
-class _Looks:
+class Looks:
     """A step's looks: at each multiple of the plan's look time, whether every scored tier is decided
     over the requests whose outcome is known by then (``tuner.measure.capacity.resolved_until``)."""
 
@@ -262,27 +267,76 @@ class _Looks:
         self.taken = 0
         self.window_s: tuple[float, float] | None = None
 
-    def __call__(self, rows: list[Row], now: float) -> str | None:
+    def __call__(self, rows: Sequence[Row], now: float) -> str | None:
         # the last look is the step's end, after its drain: one fewer is taken while it serves
         if self.taken + 1 >= self.plan.step_limit or now < (self.taken + 1) * self.look_s:
             return None
-        self.taken += 1
         scored = [self.plan.tiers[tier] for tier in self.plan.scored]
         end = min(resolved_until(rows, slo, self.warmup_s, now) for slo in scored)
-        decisions = [self._decision(rows, slo, end) for slo in scored]
+        outcomes = [outcomes_in(rows, slo, self.warmup_s, end) for slo in scored]
+        # A look decides on the plan's minimum sample of known outcomes, never fewer. With long answers
+        # the outcomes known by a look lag the requests sent by far: an H200 step was failed on a
+        # handful of requests from one burst just after the warm-up, and the same rate passed over its
+        # whole length in the next drive (reports/gpu-h200/capacity-check-7/NOTES.md). Until the sample
+        # is there no look is spent, so the step keeps every look's share of the confidence.
+        if min(len(o) for o in outcomes) < self.plan.look_sample:
+            return None
+        self.taken += 1
+        decisions = [decide(*attainment_interval(o, self.plan.z), self.plan.target) for o in outcomes]
         if UNDECIDED in decisions or (PASS in decisions and self.queue_growing(end)):
             return None
         self.window_s = (self.warmup_s, end)
         return DECIDED
 
-    def _decision(self, rows: list[Row], slo: Mapping[str, float], end: float) -> str:
-        low, high = attainment_interval(outcomes_in(rows, slo, self.warmup_s, end), self.plan.z)
-        return decide(low, high, self.plan.target)
-
     def queue_growing(self, end: float) -> bool:
         """Whether the server's waiting queue kept growing over [warm-up, ``end``]."""
         kept = [(t, n) for t, n in self.queue if self.warmup_s <= t <= end]
         return growing([t for t, _ in kept], [n for _, n in kept], self.rate)
+
+
+class StepWatch:
+    """One step watched as it is served, from the requests seen so far, and ended.
+
+    Calling it with the rows seen at ``now`` gives why the step stops there, or None: the monitor's
+    cut (``tuner.measure.capacity.cut_reason``, when every tier gives one), else a look that decided
+    it (``DECIDED``). ``ended`` turns what was served into the step's ``Measured``. It reads nothing
+    but what it is given, so a simulated server is watched by the same rules as a real one
+    (tests/benchmarks/bench_known_search.py)."""
+
+    def __init__(
+        self, plan: CapacityPlan, rate: float, schedule_s: float, longest: int,
+        queue: list[tuple[float, float]] | None = None,
+    ) -> None:  # fmt: skip
+        """``schedule_s``: the last release; ``longest``: the longest answer, in output tokens;
+        ``queue``: (time, waiting) samples of the server's queue, appended to while the step runs."""
+        self.plan, self.rate, self.schedule_s = plan, rate, schedule_s
+        self.queue: list[tuple[float, float]] = [] if queue is None else queue
+        self.looks = Looks(plan, rate, self.queue)
+        drain = max(MIN_DRAIN_S, DRAIN_SHARE * self.looks.look_s, slowest_passing_s(plan, longest))
+        self.deadline_s = schedule_s + drain  # the step is cut here: requests still running are misses
+
+    def __call__(self, rows: Sequence[Row], now: float) -> str | None:
+        warmup = self.looks.warmup_s
+        reasons = [cut_reason(rows, slo, self.plan.target, now, warmup) for slo in self.plan.tiers.values()]
+        if None not in reasons:
+            return SATURATED if SATURATED in reasons else reasons[0]
+        return self.looks(rows, now)  # some tier could still pass this step
+
+    def ended(
+        self, rows: list[dict[str, Any]], itl: list[float], duration_s: float, reason: str | None,
+        server: dict[str, float | None] | None = None, replayed: int = 0,
+    ) -> Measured:  # fmt: skip
+        """The step as measured, served for ``duration_s`` and stopped for ``reason`` (None: to its end)."""
+        decided = reason == DECIDED
+        # served to its end: the requests released in its last ramp-up's length see the load thin out
+        end = min(self.schedule_s - self.looks.warmup_s, duration_s)  # a step the monitor cut counts up to the cut
+        full = (self.looks.warmup_s, max(end, self.looks.warmup_s))
+        window = self.looks.window_s if decided and self.looks.window_s is not None else full
+        return Measured(
+            self.rate, rows, itl, duration_s, server or {}, aborted=reason is not None and not decided,
+            cut_reason=None if decided else reason, window_s=window, looks=self.looks.taken + (not decided),
+            queue_growing=self.looks.queue_growing(window[1]), replayed=replayed,
+        )  # fmt: skip
 
 
 def measure_step(
@@ -293,27 +347,19 @@ def measure_step(
     until a look decides it, or up to its limit (see the module docstring)."""
     requests, replayed = step_requests(supply, rate, plan)
     schedule_s = max((r.arrival_s or 0.0) for r in requests)
-    queue: list[tuple[float, float]] = []
-    looks = _Looks(plan, rate, queue)
+    watch = StepWatch(plan, rate, schedule_s, max((r.max_tokens for r in requests), default=1))
     gauge = adapter.waiting_gauge if adapter is not None else None
-
-    def stop(rows: list[Row], now: float) -> str | None:
-        reasons = [cut_reason(rows, slo, plan.target, now, looks.warmup_s) for slo in plan.tiers.values()]
-        if None not in reasons:
-            return SATURATED if SATURATED in reasons else reasons[0]
-        return looks(rows, now)  # some tier could still pass this step
 
     with httpx.Client(timeout=10.0) as client:
 
         def sample(now: float) -> None:
             samples = scrape_metrics(client, base_url)
             if gauge is not None and gauge in {key.partition("{")[0] for key in samples}:
-                queue.append((now, metric_total(samples, gauge)))
+                watch.queue.append((now, metric_total(samples, gauge)))
 
         before = scrape_metrics(client, base_url)
-        deadline = schedule_s + max(MIN_DRAIN_S, DRAIN_SHARE * looks.look_s, slowest_passing_s(plan, requests))
         records, started, ended, reason = asyncio.run(
-            _serve_step(base_url, model, requests, deadline, stop, sample if gauge else None)
+            _serve_step(base_url, model, requests, watch.deadline_s, watch, sample if gauge else None)
         )
         after = scrape_metrics(client, base_url)
     duration = ended - started
@@ -322,16 +368,7 @@ def measure_step(
     rows = [dict(r) for r in _rows(records, requests, started, duration)]
     gaps = [gap for r in records if r.error is None for gap in itl_ms(r)]
     server = adapter.server_stats(before, after) if adapter is not None and before and after else {}
-    decided = reason == DECIDED
-    # served to its end: the requests released in its last ramp-up's length see the load thin out
-    end = min(schedule_s - looks.warmup_s, duration)  # a step the monitor cut counts up to the cut
-    full = (looks.warmup_s, max(end, looks.warmup_s))
-    window = looks.window_s if decided and looks.window_s is not None else full
-    return Measured(
-        rate, rows, gaps, duration, server, aborted=reason is not None and not decided,
-        cut_reason=None if decided else reason, window_s=window, looks=looks.taken + (not decided),
-        queue_growing=looks.queue_growing(window[1]), replayed=replayed,
-    )  # fmt: skip
+    return watch.ended(rows, gaps, duration, reason, server, replayed)
 
 
 def search_capacity(

@@ -555,13 +555,16 @@ def test_a_batching_server_that_cannot_keep_up_is_cut_as_saturated() -> None:
 
 
 def test_a_step_waits_as_long_as_a_passing_request_can_take() -> None:
-    from tuner.measure.rate_steps import CapacityPlan, slowest_passing_s
-    from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request
+    from tuner.measure.rate_steps import CapacityPlan, StepWatch, slowest_passing_s
 
     plan = CapacityPlan(tiers={"interactive": {"ttft_p95_ms": 300.0, "tpot_p95_ms": 100.0},
                                "relaxed": {"ttft_p95_ms": 600.0, "tpot_p95_ms": 200.0}},
                         scored=("interactive",))  # fmt: skip
-    long = [Request(f"r{i}", COMPLETIONS_ENDPOINT, {}, 10, n) for i, n in enumerate((256, 768, 512))]
-    assert slowest_passing_s(plan, long) == pytest.approx(0.3 + 0.1 * 767)  # the longest answer, just in time
+    assert slowest_passing_s(plan, 768) == pytest.approx(0.3 + 0.1 * 767)  # the longest answer, just in time
+    watch = StepWatch(plan, rate=4.0, schedule_s=36.0, longest=768)
+    assert watch.deadline_s == pytest.approx(36.0 + 0.3 + 0.1 * 767), "the drain lets the longest answer end"
     e2e = CapacityPlan(tiers={"interactive": {"e2e_p95_ms": 3000.0}}, scored=("interactive",))
-    assert slowest_passing_s(e2e, long) == pytest.approx(3.0)
+    assert slowest_passing_s(e2e, 768) == pytest.approx(3.0)
+    assert StepWatch(e2e, rate=4.0, schedule_s=36.0, longest=768).deadline_s == pytest.approx(36.0 + 6.0), (
+        "never less than half a look's length (12 s here) past the last release"
+    )

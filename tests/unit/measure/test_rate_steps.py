@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
 
 from tuner.errors import WorkloadError
 from tuner.measure import rate_steps
-from tuner.measure.capacity import SLO_KEYS
+from tuner.measure.capacity import FAIL, SLO_KEYS, attainment_interval, decide, outcomes_in, resolved_until
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity, step_requests
 from tuner.measure.supply import RequestSupply
+from tuner.search.resolve import GPU_STEPS
 from tuner.workloads import build_workload
 from tuner.workloads.base import Request
 
@@ -220,3 +224,37 @@ def test_a_cancel_of_the_step_itself_is_not_swallowed_with_the_monitors_own_cut(
             outer.uncancel()
 
     asyncio.run(main())
+
+
+# --- a look's sample: the H200 step of capacity check 7 ----------------------------------------------
+
+CHECK7 = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200-capacity-check-7"
+
+
+def _captured_step(drive: str, rate: float) -> tuple[CapacityPlan, list[dict[str, Any]], float]:
+    """The GPU plan under the drive's own tier, and the rows and duration of its step at ``rate``."""
+    data = json.loads((CHECK7 / drive).read_text())["capacity"]
+    slo = data["tiers"]["interactive"]["slo"]
+    plan = CapacityPlan(tiers={"interactive": slo}, scored=("interactive",), **GPU_STEPS)
+    step = next(m for m in data["measured"] if round(m["rate_req_s"], 2) == rate)
+    return plan, [dict(zip(rate_steps.ROW_FIELDS, row, strict=True)) for row in step["rows"]], step["duration_s"]
+
+
+def test_a_look_does_not_decide_on_the_few_outcomes_one_burst_left_known() -> None:
+    # Drive 1 failed its 6.92 req/s step at the first look, 15 s in: 50 % [20 %, 80 %] over 6 requests,
+    # the 3 misses from one burst just after the warm-up. Drive 2, on the same boot, served the same rate
+    # for its whole 52 s and passed it at 0.96.
+    plan, rows, duration = _captured_step("drive_defaults_1.json", 6.92)
+    assert duration == pytest.approx(15.0, abs=0.1)
+    # the requests still running at the cut had had their first token (a look counts a running request
+    # without one, past the TTFT bound, as a miss); with that, the look below is the one the drive logged
+    at_look = [{**r, "first_s": r["sent_s"] + 0.1} if r["done_s"] is None else r for r in rows]
+    looks = rate_steps.Looks(plan, 6.92, [])
+    end = resolved_until(at_look, plan.tiers["interactive"], looks.warmup_s, 15.0)
+    outcomes = outcomes_in(at_look, plan.tiers["interactive"], looks.warmup_s, end)
+    assert (len(outcomes), sum(outcomes)) == (6, 3), "the drive's log: 50 % over the 6 requests it knew"
+    assert decide(*attainment_interval(outcomes, plan.z), plan.target) == FAIL, "alone, they fail the step"
+    assert looks(at_look, 15.0) is None and looks.taken == 0, "fewer than min_requests: no look yet"
+    _, passed, _ = _captured_step("drive_defaults_2.json", 6.92)
+    whole = outcomes_in(passed, plan.tiers["interactive"], looks.warmup_s, 0.9 * 52.5)
+    assert len(whole) >= plan.min_requests and sum(whole) / len(whole) > plan.target
