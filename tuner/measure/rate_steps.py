@@ -266,6 +266,7 @@ class Looks:
         self.warmup_s = STEADY_TRIM * self.look_s
         self.taken = 0
         self.window_s: tuple[float, float] | None = None
+        self.decided_s: float | None = None  # when a look decided the step
 
     def __call__(self, rows: Sequence[Row], now: float) -> str | None:
         # the last look is the step's end, after its drain: one fewer is taken while it serves
@@ -283,13 +284,17 @@ class Looks:
             return None
         self.taken += 1
         decisions = [decide(*attainment_interval(o, self.plan.z), self.plan.target) for o in outcomes]
-        if UNDECIDED in decisions or (PASS in decisions and self.queue_growing(end)):
+        # The queue is judged up to now, not up to the last send counted: at a rate the server cannot
+        # carry, the early requests end on time while the queue builds behind them, and the counted
+        # window can be too short to show it (a CPU step passed that way at a rate where the engine's
+        # own client failed a lower one: reports/capacity.md, "Capacity you can trust").
+        if UNDECIDED in decisions or (PASS in decisions and self.queue_growing(now)):
             return None
-        self.window_s = (self.warmup_s, end)
+        self.window_s, self.decided_s = (self.warmup_s, end), now
         return DECIDED
 
     def queue_growing(self, end: float) -> bool:
-        """Whether the server's waiting queue kept growing over [warm-up, ``end``]."""
+        """Whether the server's waiting queue kept growing over [warm-up, ``end``] (step time)."""
         kept = [(t, n) for t, n in self.queue if self.warmup_s <= t <= end]
         return growing([t for t, _ in kept], [n for _, n in kept], self.rate)
 
@@ -332,10 +337,11 @@ class StepWatch:
         end = min(self.schedule_s - self.looks.warmup_s, duration_s)  # a step the monitor cut counts up to the cut
         full = (self.looks.warmup_s, max(end, self.looks.warmup_s))
         window = self.looks.window_s if decided and self.looks.window_s is not None else full
+        judged_until = self.looks.decided_s if decided and self.looks.decided_s is not None else window[1]
         return Measured(
             self.rate, rows, itl, duration_s, server or {}, aborted=reason is not None and not decided,
             cut_reason=None if decided else reason, window_s=window, looks=self.looks.taken + (not decided),
-            queue_growing=self.looks.queue_growing(window[1]), replayed=replayed,
+            queue_growing=self.looks.queue_growing(judged_until), replayed=replayed,
         )  # fmt: skip
 
 

@@ -258,3 +258,28 @@ def test_a_look_does_not_decide_on_the_few_outcomes_one_burst_left_known() -> No
     _, passed, _ = _captured_step("drive_defaults_2.json", 6.92)
     whole = outcomes_in(passed, plan.tiers["interactive"], looks.warmup_s, 0.9 * 52.5)
     assert len(whole) >= plan.min_requests and sum(whole) / len(whole) > plan.target
+
+
+def _early_on_time_rows(rate: float) -> list[dict[str, Any]]:
+    """A step at ``rate`` seen 6 s in: the requests of its first 2 s ended on time, the rest still run."""
+    rows = []
+    for i in range(int(rate * 6)):
+        sent = i / rate
+        done = sent + 0.3 if sent < 2.0 else None
+        rows.append({"sent_s": sent, "first_s": sent + 0.05, "done_s": done, "output_tokens": 101, "error": None})
+    return rows
+
+
+@pytest.mark.parametrize(("waiting", "decided"), [((0, 0, 5, 15, 30, 50), False), ((0, 0, 0, 1, 0, 0), True)])
+def test_a_pass_at_a_look_needs_a_queue_that_did_not_grow_up_to_the_look(
+    waiting: tuple[int, ...], decided: bool
+) -> None:
+    # The CPU build at 32 req/s: the requests counted at the first look (those sent before the first one
+    # still running) had all ended on time, while the server's queue built up behind them after the last
+    # of them was sent; the step passed where two drives before had failed it.
+    plan = _plan(tiers={"interactive": RELAXED}, min_step_s=6.0, min_requests=12, step_limit=2, confidence=0.6)
+    queue = [(float(t), float(n)) for t, n in enumerate(waiting, start=1)]
+    looks = rate_steps.Looks(plan, 32.0, queue)
+    assert looks(_early_on_time_rows(32.0), 6.0) == (rate_steps.DECIDED if decided else None)
+    assert looks.decided_s == (6.0 if decided else None)
+    assert looks.queue_growing(2.0) is False, "over the counted sends alone the queue shows no growth"
