@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.batching_server import batched_rows, seen_at
+from tests.batching_server import TOKENS, batched_rows, seen_at
 from tests.benchmarks import _report
 from tests.benchmarks._previous_rules import AnySamplePlan, PreviousPlan, saturation_parts
 from tuner.measure.capacity import outcomes_in
@@ -39,7 +39,6 @@ from tuner.measure.rate_steps import CapacityPlan, Measured, StepWatch, search_c
 NAME = "known_search"
 MD_PATH, JSON_PATH = _report.ROOT / "reports" / "capacity.md", _report.ROOT / "reports" / "capacity.json"
 SLO = {"ttft_p95_ms": 250.0, "tpot_p95_ms": 100.0}
-LONGEST = 768  # the server's longest answer (tests.batching_server.TOKENS)
 TICK_S = 0.5  # how often the simulated monitor looks (measure_step: every 0.25 s)
 TRUTH_RATES = tuple(1.0 + 0.25 * i for i in range(25))  # 1..7 req/s
 TRUTH_S, TRUTH_SEEDS = 300.0, (101, 102, 103)
@@ -66,10 +65,11 @@ class Server:
 
 
 SERVERS = (
-    # answers live 2-3 s, as the H200's did at capacity check 6's rates
+    # answers short beside a look's length: most of a step's outcomes are known at its first look
     Server("short answers", iteration_s=0.003, per_seq_s=0.00005, prefill_s=0.08),
-    # answers live about 10 s, as the H200's did at capacity check 7's (reports/gpu-h200/capacity-check-7),
-    # so a look 15 s into a step knows the outcome of few of the requests sent
+    # answers about as long as the H200's at capacity check 7 (reports/gpu-h200/capacity-check-7/NOTES.md),
+    # so a step's first look knows the outcome of few of the requests sent; the report gives each shape's
+    # lifetime at its knee (reports/capacity.md, "The search on a known server")
     Server("long answers", iteration_s=0.010, per_seq_s=0.00005, prefill_s=0.08),
 )
 
@@ -78,11 +78,11 @@ def simulate_step(server: Server, rate: float, plan: CapacityPlan, seed: int) ->
     """One step at ``rate`` on the simulated server, watched and ended by ``measure_step``'s own watch."""
     schedule_s = plan.step_limit * plan.look_s(rate)
     rows = server.served(rate, schedule_s, seed)
-    watch = StepWatch(plan, rate, schedule_s, LONGEST)
+    watch = StepWatch(plan, rate, schedule_s, TOKENS[1])  # the server's longest answer
     last_end = max(float(r["done_s"]) for r in rows)
     reason, now = None, TICK_S
     while now <= min(watch.deadline_s, last_end):
-        reason = watch(list(seen_at(rows, now)), now)
+        reason = watch(seen_at(rows, now), now)
         if reason is not None:
             break
         now += TICK_S

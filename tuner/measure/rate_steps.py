@@ -308,14 +308,10 @@ class StepWatch:
     but what it is given, so a simulated server is watched by the same rules as a real one
     (tests/benchmarks/bench_known_search.py)."""
 
-    def __init__(
-        self, plan: CapacityPlan, rate: float, schedule_s: float, longest: int,
-        queue: list[tuple[float, float]] | None = None,
-    ) -> None:  # fmt: skip
-        """``schedule_s``: the last release; ``longest``: the longest answer, in output tokens;
-        ``queue``: (time, waiting) samples of the server's queue, appended to while the step runs."""
+    def __init__(self, plan: CapacityPlan, rate: float, schedule_s: float, longest: int) -> None:
+        """``schedule_s``: the last release; ``longest``: the longest answer, in output tokens."""
         self.plan, self.rate, self.schedule_s = plan, rate, schedule_s
-        self.queue: list[tuple[float, float]] = [] if queue is None else queue
+        self.queue: list[tuple[float, float]] = []  # (time, waiting) samples, appended while the step runs
         self.looks = Looks(plan, rate, self.queue)
         drain = max(MIN_DRAIN_S, DRAIN_SHARE * self.looks.look_s, slowest_passing_s(plan, longest))
         self.deadline_s = schedule_s + drain  # the step is cut here: requests still running are misses
