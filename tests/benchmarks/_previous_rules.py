@@ -5,7 +5,9 @@
 - ``PreviousSearch`` (``PreviousPlan`` runs it): the search of capacity check 6, where every step that
   did not pass, an undecided one too, was a fail.
 - ``AnySamplePlan``: the looks of capacity checks 6 and 7, which decided a step on however few
-  outcomes were known by then (now a look waits for the plan's ``min_requests``).
+  outcomes were known by then (now a look waits for the plan's ``min_requests``), and their monitor,
+  which judged the saturation test at every tick (now every ``SATURATION_EVERY_S``).
+- ``EveryTickPlan``: the looks of capacity check 8 (the current ones) with that monitor.
 """
 
 from __future__ import annotations
@@ -57,11 +59,16 @@ class PreviousSearch(CapacitySearch):
 
 @dataclass(frozen=True)
 class AnySamplePlan(CapacityPlan):
-    """The looks of capacity check 7: a look decided on the outcomes it knew, however few."""
+    """The looks of capacity check 7: a look decided on the outcomes it knew, however few; and its
+    monitor, which judged the saturation test at every tick."""
 
     @property
     def look_sample(self) -> int:
         return 1
+
+    @property
+    def saturation_every_s(self) -> float:
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -73,3 +80,12 @@ class PreviousPlan(AnySamplePlan):
             target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
             incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EveryTickPlan(CapacityPlan):
+    """The rules of capacity check 8: the current looks, the saturation test judged at every tick."""
+
+    @property
+    def saturation_every_s(self) -> float:
+        return 0.0

@@ -12,11 +12,11 @@ arrivals delays every first token at once (misses come in bursts, over a broad b
 the knee, as the H200's TTFT misses did). Each search is ``tuner.measure.rate_steps.search_capacity``
 with the GPU's step plan; each step is served offline by the simulated server and watched by
 ``measure_step``'s own ``StepWatch`` (the monitor's cuts and the step's looks) every ``TICK_S``. The
-searches run under the current rules and under those they replaced (a look decided on however few
-outcomes it knew; an undecided step was a fail, whatever its attainment; the monitor cut on growth
-over each half of its window), which ``tests/benchmarks/_previous_rules.py`` keeps only to compare,
-on the same seeds. The truth is the server's attainment over long runs (300 s, three seeds) at each
-rate of a grid.
+searches run under the current rules and under those they replaced (the saturation cut judged at
+every tick of the monitor; a look decided on however few outcomes it knew; an undecided step was a
+fail, whatever its attainment; the monitor cut on growth over each half of its window), which
+``tests/benchmarks/_previous_rules.py`` keeps only to compare, on the same seeds. The truth is the
+server's attainment over long runs (300 s, three seeds) at each rate of a grid.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 from tests.batching_server import TOKENS, batched_rows, seen_at
 from tests.benchmarks import _report
-from tests.benchmarks._previous_rules import AnySamplePlan, PreviousPlan, saturation_parts
+from tests.benchmarks._previous_rules import AnySamplePlan, EveryTickPlan, PreviousPlan, saturation_parts
 from tuner.measure.capacity import outcomes_in
 from tuner.measure.rate_steps import CapacityPlan, Measured, StepWatch, search_capacity
 
@@ -153,7 +153,8 @@ def main() -> None:
     args = parser.parse_args()
     run_stamp, before = _report.stamp(), _report.machine()
     rules: dict[str, tuple[CapacityPlan, tuple[int, float] | None]] = {
-        "current": (PLAN, None), "capacity check 7": (AnySamplePlan(**vars(PLAN)), None),
+        "current": (PLAN, None), "capacity check 8": (EveryTickPlan(**vars(PLAN)), None),
+        "capacity check 7": (AnySamplePlan(**vars(PLAN)), None),
         "capacity check 6": (PreviousPlan(**vars(PLAN)), (2, 2.0)),
     }  # fmt: skip
     header = [
@@ -196,9 +197,11 @@ def main() -> None:
         "drives of one boot are. The rules share seeds. *current*: a look decides a step only on at least "
         f"{PLAN.min_requests} requests whose outcome is known, an undecided step at or above the target does not "
         "cap the search (it never counts as a pass), and the monitor's saturation cut needs growth over each "
-        "third of its window; *capacity check 7*: the same, but a look decided on however few outcomes it knew "
-        "(the rules of that H200 run); *capacity check 6*: looks as in 7, every undecided step a fail, and the "
-        "cut on growth over each half. The columns *at the claim* and *at 1.2x* read the server's long-run "
+        f"third of its window, judged every {PLAN.saturation_every_s:g} s; *capacity check 8*: the same, the "
+        "saturation cut judged at every tick of the monitor; *capacity check 7*: as 8, but a look decided on "
+        "however few outcomes it knew (the rules of that H200 run); *capacity check 6*: looks as in 7, every "
+        "undecided step a fail, and the cut on growth over each half. The columns *at the claim* and *at 1.2x* "
+        "read the server's long-run "
         "curve at each search's claim: the engine client's goal (no more than 5 points under the target at "
         "the claim, under it at 1.2x).",
         *parts,

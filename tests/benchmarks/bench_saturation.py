@@ -8,11 +8,13 @@ A step's monitor cuts a step as saturated when the requests in flight keep pilin
 at 1.2x their rate (reports/gpu-h200/capacity-check-5/NOTES.md): `rag`'s answers live seconds, and
 longer as the batch grows. This replays that shape on ``tests/batching_server.py``, where a rate is
 carried or not by construction (its token rate against the server's), and counts, per rate and over
-seeded steps, the steps cut by 27 s (a 30 s step's looks) and by 50 s, under the current rule and under
-the two it replaced, kept only to compare: *halves* (capacity check 6's: growth over the judged window
-and each of its halves, through ``tests/benchmarks/_previous_rules.py``) and *first*, which this file
-keeps (capacity check 5's: the climb read from the longest lifetime of the step's first quarter of
-requests, growth judged over one window).
+seeded steps, the steps cut by 27 s and by 50 s, the test judged when the monitor judges it
+(``tuner.measure.capacity.saturation_due``, on the monitor's ticks): under the current rule and under
+those it replaced, kept only to compare: *every tick* (capacity check 8's: the same test, judged at
+every tick of the monitor), *halves* (capacity check 6's: growth over the judged window and each of its
+halves, through ``tests/benchmarks/_previous_rules.py``, every tick) and *first*, which this file keeps
+(capacity check 5's: the climb read from the longest lifetime of the step's first quarter of requests,
+growth judged over one window, every tick).
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ import numpy as np
 from tests.batching_server import batched_rows, carried, seen_at
 from tests.benchmarks import _report
 from tests.benchmarks._previous_rules import saturation_parts
-from tuner.measure.capacity import MIN_WATCH_S, SATURATION_SAMPLES, _end_s, growing, saturated
+from tuner.measure.capacity import MIN_WATCH_S, SATURATION_SAMPLES, _end_s, growing, saturated, saturation_due
+from tuner.measure.rate_steps import MONITOR_EVERY_S, CapacityPlan
 
 NAME = "saturation"
 MD_PATH, JSON_PATH = _report.ROOT / "reports" / "capacity.md", _report.ROOT / "reports" / "capacity.json"
 RATES = (3.0, 5.33, 8.0, 10.0, 13.0, 15.0, 20.0)
-SHORT = (8.0, 12.0, 16.0, 21.0, 27.0)  # a 30 s step's looks after warm-up
-LONG = (*SHORT, 33.0, 40.0, 50.0)
+SHORT_S, LONG_S = 27.0, 50.0  # by the end of a 30 s step's serving, and of a GPU step's (3 looks of 15 s)
+TICKS = tuple(MONITOR_EVERY_S * i for i in range(1, int(LONG_S / MONITOR_EVERY_S) + 1))
 WARMUP_S = 1.5
+PLAN = CapacityPlan(tiers={}, scored=())  # the monitor's rules, whatever the tiers
 PREVIOUS_SHARE = 0.25  # the replaced rule: the first quarter of the time's requests told the climb
 
 Row = dict[str, Any]
@@ -65,11 +69,28 @@ def first_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_span_
     return growing(times, in_flight.astype(float), rate)
 
 
-RULES: dict[str, Callable[[Sequence[Row], float, float, float], bool]] = {
-    "current": lambda rows, start, end, span: saturated(rows, start, end, min_span_s=span),
-    "halves": halves_saturated,
-    "first": first_saturated,
+def checks(every_s: float) -> list[float]:
+    """The monitor's ticks at which the test is judged, judged every ``every_s`` (0: every tick)."""
+    return [t for t, last in zip(TICKS, (0.0, *TICKS), strict=False) if saturation_due(last, t, every_s)]
+
+
+def current(rows: Sequence[Row], start: float, end: float, span: float) -> bool:
+    return saturated(rows, start, end, min_span_s=span)
+
+
+# rule -> (test, how often it is judged)
+RULES: dict[str, tuple[Callable[[Sequence[Row], float, float, float], bool], float]] = {
+    "current": (current, PLAN.saturation_every_s),
+    "every tick": (current, 0.0),
+    "halves": (halves_saturated, 0.0),
+    "first": (first_saturated, 0.0),
 }
+
+
+def first_cut(rows: list[Row], rule: str) -> float | None:
+    """When the rule's monitor first cut the step (None: not by ``LONG_S``)."""
+    test, every_s = RULES[rule]
+    return next((now for now in checks(every_s) if test(seen_at(rows, now), WARMUP_S, now, MIN_WATCH_S)), None)
 
 
 def main() -> None:
@@ -81,11 +102,11 @@ def main() -> None:
     for rate in RATES:
         counts = {f"{rule}_{until}": 0 for rule in RULES for until in ("27s", "50s")}
         for seed in range(args.seeds):
-            rows = batched_rows(rate, LONG[-1] + 1.0, seed)
-            for rule, fn in RULES.items():
-                cuts = [fn(seen_at(rows, now), WARMUP_S, now, MIN_WATCH_S) for now in LONG]
-                counts[f"{rule}_27s"] += any(cuts[: len(SHORT)])
-                counts[f"{rule}_50s"] += any(cuts)
+            rows = batched_rows(rate, LONG_S + 1.0, seed)
+            for rule in RULES:
+                cut = first_cut(rows, rule)
+                counts[f"{rule}_27s"] += cut is not None and cut <= SHORT_S
+                counts[f"{rule}_50s"] += cut is not None
         data.append({"rate_req_s": rate, "carried": carried(rate), **counts})
     after = _report.machine()
     n = args.seeds
@@ -96,19 +117,21 @@ def main() -> None:
     ]  # fmt: skip
     wrong = {rule: sum(d[f"{rule}_27s"] if d["carried"] else n - d[f"{rule}_27s"] for d in data) for rule in RULES}
     header = ["rate (req/s)", "carried"] + [
-        f"cut by {until}: {rule}" if i == 0 else rule for until in ("27 s", "50 s") for i, rule in enumerate(RULES)
+        f"cut by {until:g} s: {rule}" if i == 0 else rule for until in (SHORT_S, LONG_S) for i, rule in enumerate(RULES)
     ]
     markdown = "\n\n".join([
         "## The saturation test (`bench_saturation`)",
         f"{n} seeded Poisson steps per rate on `tests/batching_server.py` (answers of 256-768 tokens; an "
         "iteration's time grows with its batch; it carries a rate whose tokens are under its token rate). "
-        f"A cell is the steps the monitor cut as saturated at its looks ({', '.join(f'{t:g}' for t in SHORT)} s; "
-        f"then {', '.join(f'{t:g}' for t in LONG[len(SHORT):])} s), from warm-up {WARMUP_S:g} s, over at least "
-        f"{MIN_WATCH_S:g} s. A cut of a carried rate is a false fail; no cut of a rate not carried leaves "
-        "the step to its attainment. *current*: growth over the judged window and each of its thirds; "
-        "*halves*: the rule of capacity check 6 (each half); *first*: the rule of capacity check 5.",
+        f"A cell is the steps the monitor cut as saturated by {SHORT_S:g} s and by {LONG_S:g} s, judged from "
+        f"warm-up {WARMUP_S:g} s over at least {MIN_WATCH_S:g} s, on the monitor's ticks (every "
+        f"{MONITOR_EVERY_S:g} s). A cut of a carried rate is a false fail; no cut of a rate not carried leaves "
+        "the step to its attainment and its end-of-step test. *current*: growth over the judged window and "
+        f"each of its thirds, judged every {PLAN.saturation_every_s:g} s; *every tick*: the same test judged "
+        "at every tick (capacity check 8); *halves*: the rule of capacity check 6 (each half, every tick); "
+        "*first*: the rule of capacity check 5 (every tick).",
         _report.table(header, rows_md),
-        "Wrong calls by 27 s over all rates (a carried rate cut, or a rate not carried left uncut): "
+        f"Wrong calls by {SHORT_S:g} s over all rates (a carried rate cut, or a rate not carried left uncut): "
         + ", ".join(f"{rule} rule {w} of {n * len(RATES)}" for rule, w in wrong.items()) + ".",
         _report.contention(before, after),
     ])  # fmt: skip

@@ -21,7 +21,10 @@ Rules, chosen so the answer is conservative and the search always ends:
   load-dependent batch wanders by far more than Poisson noise, and one wander, or a burst of arrivals
   that slows the batch it joins, reads as a slope over a window and often over both of its halves,
   rarely over all three of its thirds (reports/capacity.md, sections "The saturation test" and "The
-  search on a known server").
+  search on a known server"). Mid-step it is judged every ``SATURATION_EVERY_S``, not at every tick
+  of the monitor: each judgement is another chance for a wander to read as a pile-up, and a cut is
+  final: judged at every tick, four times a second, it cut more steps of a rate the server carries
+  (the same section measures both).
 - decided, not drawn: a step's attainment is a proportion with an interval (``attainment_interval``).
   It passes only when the interval's lower end is at or above the target, and fails only when its
   upper end is below it; otherwise it is *undecided*, and the step goes on serving (up to its limit)
@@ -68,6 +71,7 @@ PART_SIGMAS = 1.5
 SETTLE_QUANTILE = 0.75  # of the lifetimes ended so far: how long in-flight climbs before it can be judged
 MIN_LIVES = 5  # fewest ended requests whose lifetimes tell that climb
 MIN_WATCH_S = 5.0  # mid-step, saturation is judged over at least this long after warm-up, never on a glimpse
+SATURATION_EVERY_S = 5.0  # mid-step, saturation is judged at multiples of this (step time), not at every tick
 FLOOR_DIVISOR = 8.0  # with no incumbent, halve down to start_rate / 8 before reporting no capacity
 PRUNE_SHARE = 0.75  # with an incumbent c that fails, the rescue probe runs at PRUNE_SHARE * c
 MIN_DECIDED = 20  # fewest decided requests before a mid-step collapse is believed
@@ -299,12 +303,20 @@ def should_abort(rows: Sequence[Row], slo: Mapping[str, float], target: float, n
     return cut_reason(rows, slo, target, now_s, warmup_s) is not None
 
 
+def saturation_due(last_s: float, now_s: float, every_s: float = SATURATION_EVERY_S) -> bool:
+    """Whether a multiple of ``every_s`` lies in (``last_s``, ``now_s``]: the monitor's ticks at which
+    the saturation test is judged (every tick where ``every_s`` is 0)."""
+    return every_s <= 0 or math.floor(now_s / every_s) > math.floor(last_s / every_s)
+
+
 def cut_reason(
-    rows: Sequence[Row], slo: Mapping[str, float], target: float, now_s: float, warmup_s: float
-) -> str | None:
+    rows: Sequence[Row], slo: Mapping[str, float], target: float, now_s: float, warmup_s: float,
+    *, judge_saturation: bool = True,
+) -> str | None:  # fmt: skip
     """Why a step should stop now (``SATURATED`` or ``COLLAPSED``), or None to go on. Stored on the step,
-    since the figures at its end are judged over another window and may show neither."""
-    if saturated(rows, warmup_s, now_s, min_span_s=MIN_WATCH_S):
+    since the figures at its end are judged over another window and may show neither. Saturation only
+    where ``judge_saturation`` (the monitor: ``saturation_due``)."""
+    if judge_saturation and saturated(rows, warmup_s, now_s, min_span_s=MIN_WATCH_S):
         return SATURATED
     good = bad = 0
     for row in rows:

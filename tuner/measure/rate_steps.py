@@ -10,9 +10,11 @@ one per minimum's length): it stops as soon as every scored tier's attainment in
 side of the target, and otherwise goes on, up to ``step_limit`` times its minimum, after which an
 undecided tier stays undecided (not a pass). A look counts only requests sent since the ramp-up
 whose outcome is known by then, in send order, so the slow requests still running cannot be left
-out, and it waits until ``min_requests`` of those are known. A monitor also stops a step as soon as
-the server is saturated or attainment has collapsed under every tier, and a step's drain is
-bounded: requests still running then are misses. The server's waiting queue is sampled through the
+out, and it waits until ``min_requests`` of those are known. A monitor also stops a step once
+attainment has collapsed under every tier, or the server is saturated (judged every
+``SATURATION_EVERY_S``), and a step's drain is bounded: requests still running then are misses.
+A step the monitor stopped counts only the requests whose outcome was known when it stopped: the
+ones still running were cut, not missed. The server's waiting queue is sampled through the
 step, and a queue that keeps growing is no pass.
 Steps are measured once per rate and judged under every tier's SLO (``tuner.measure.capacity``),
 so the tiers share them.
@@ -40,6 +42,7 @@ from tuner.measure.capacity import (
     PASS,
     RESOLUTION,
     SATURATED,
+    SATURATION_EVERY_S,
     STEADY_TRIM,
     UNDECIDED,
     CapacityResult,
@@ -52,6 +55,7 @@ from tuner.measure.capacity import (
     look_z,
     outcomes_in,
     resolved_until,
+    saturation_due,
     summarize_step,
 )
 from tuner.measure.metrics import itl_ms, request_row, scrape_metrics
@@ -99,6 +103,11 @@ class CapacityPlan:
     def look_sample(self) -> int:
         """The fewest requests with a known outcome, under each scored tier, that a look decides on."""
         return self.min_requests
+
+    @property
+    def saturation_every_s(self) -> float:
+        """How often, in step time, the monitor judges the saturation test (``saturation_due``)."""
+        return SATURATION_EVERY_S
 
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
         return CapacitySearch(
@@ -210,9 +219,10 @@ async def _serve_step(
     deadline_s: float,
     stop: Callable[[list[Row], float], str | None],
     queue: Callable[[float], None] | None = None,
-) -> tuple[list[RequestRecord], float, float, str | None]:
+) -> tuple[list[RequestRecord], float, float, str | None, dict[str, float]]:
     """Drive ``requests`` open loop; cancel at ``deadline_s``, or when ``stop`` gives a reason (returned).
-    ``queue(now)`` is called about every ``QUEUE_EVERY_S`` to sample the server's waiting queue."""
+    ``queue(now)`` is called about every ``QUEUE_EVERY_S`` to sample the server's waiting queue. Also
+    returns the first-token times heard (perf counter), by request id."""
     records: list[RequestRecord] = []
     # the first tokens of requests still running: a request seconds into a long answer has had its
     # first token long ago, and the monitor must not read it as one still waiting past the TTFT bound
@@ -253,7 +263,7 @@ async def _serve_step(
             current = asyncio.current_task()
             if not cut or (current is not None and current.cancelling()):
                 raise
-    return records, started, time.perf_counter(), reason
+    return records, started, time.perf_counter(), reason, firsts
 
 
 class Looks:
@@ -315,10 +325,15 @@ class StepWatch:
         self.looks = Looks(plan, rate, self.queue)
         drain = max(MIN_DRAIN_S, DRAIN_SHARE * self.looks.look_s, slowest_passing_s(plan, longest))
         self.deadline_s = schedule_s + drain  # the step is cut here: requests still running are misses
+        self.judged_s = 0.0  # the monitor's last tick (step time)
 
     def __call__(self, rows: Sequence[Row], now: float) -> str | None:
         warmup = self.looks.warmup_s
-        reasons = [cut_reason(rows, slo, self.plan.target, now, warmup) for slo in self.plan.tiers.values()]
+        due, self.judged_s = saturation_due(self.judged_s, now, self.plan.saturation_every_s), now
+        reasons = [
+            cut_reason(rows, slo, self.plan.target, now, warmup, judge_saturation=due)
+            for slo in self.plan.tiers.values()
+        ]  # fmt: skip
         if None not in reasons:
             return SATURATED if SATURATED in reasons else reasons[0]
         return self.looks(rows, now)  # some tier could still pass this step
@@ -331,6 +346,12 @@ class StepWatch:
         decided = reason == DECIDED
         # served to its end: the requests released in its last ramp-up's length see the load thin out
         end = min(self.schedule_s - self.looks.warmup_s, duration_s)  # a step the monitor cut counts up to the cut
+        if reason is not None and not decided:
+            # and only the requests whose outcome was known then: those still running were cut, not
+            # missed, and counted as misses they made a step cut with nearly every known request on
+            # time read as far under the target (reports/gpu-h200/capacity-check-8/NOTES.md)
+            scored = [self.plan.tiers[tier] for tier in self.plan.scored]
+            end = min([end, *(resolved_until(rows, slo, self.looks.warmup_s, duration_s) for slo in scored)])
         full = (self.looks.warmup_s, max(end, self.looks.warmup_s))
         window = self.looks.window_s if decided and self.looks.window_s is not None else full
         judged_until = self.looks.decided_s if decided and self.looks.decided_s is not None else window[1]
@@ -360,14 +381,15 @@ def measure_step(
                 watch.queue.append((now, metric_total(samples, gauge)))
 
         before = scrape_metrics(client, base_url)
-        records, started, ended, reason = asyncio.run(
+        records, started, ended, reason, firsts = asyncio.run(
             _serve_step(base_url, model, requests, watch.deadline_s, watch, sample if gauge else None)
         )
         after = scrape_metrics(client, base_url)
     duration = ended - started
     unreleased = sum(1 for r in requests if r.arrival_s is not None and r.arrival_s > duration)
     supply.give_back(unreleased)
-    rows = [dict(r) for r in _rows(records, requests, started, duration)]
+    # requests still running keep the first token heard, as the monitor saw them
+    rows = [dict(r) for r in _rows(records, requests, started, duration, firsts)]
     gaps = [gap for r in records if r.error is None for gap in itl_ms(r)]
     server = adapter.server_stats(before, after) if adapter is not None and before and after else {}
     return watch.ended(rows, gaps, duration, reason, server, replayed)
