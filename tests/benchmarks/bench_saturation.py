@@ -52,6 +52,8 @@ def halves_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_span
 def first_saturated(rows: Sequence[Row], start_s: float, end_s: float, min_span_s: float) -> bool:
     """Capacity check 5's rule: from the longest lifetime of the first requests (none while one still runs),
     in-flight growing over one window."""
+    if not rows:
+        return False
     first = min(float(r["sent_s"]) for r in rows)
     early = [r for r in rows if float(r["sent_s"]) <= first + PREVIOUS_SHARE * (end_s - first)]
     if any(r.get("done_s") is None and r.get("error") is None for r in early):
