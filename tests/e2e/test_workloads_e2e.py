@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import pytest
 
-from tests.e2e.conftest import capacity_of, tuner
+from tests.e2e.conftest import ROOT, capacity_of, tuner
 from tests.e2e.presets import REQUESTS, Measured, Served, measure_presets, serve
 from tuner.engines.env import EngineEnv
 from tuner.workloads import rag
@@ -156,6 +160,35 @@ def test_tuner_drive_finds_the_capacity_of_a_running_server(server: Served, meas
     for s in tiers["interactive"]["steps"]:
         if s["rate_req_s"] in relaxed:
             assert relaxed[s["rate_req_s"]]["attainment"] >= s["attainment"]
+
+
+def test_a_drive_stopped_by_sigterm_reports_the_steps_it_judged(server: Served) -> None:
+    """`timeout` or a scheduler stops `tuner drive --capacity` with SIGTERM: the steps judged until then
+    are written, marked interrupted, and it exits 130."""
+    argv = [sys.executable, "-m", "tuner", "drive", "--url", server.base_url, "--workload", "rag", "--capacity",
+            "--tiers-for", "cpu", "--tier", "interactive", "--confidence", "0.6", "--json"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        said = []
+        for line in proc.stderr:  # each step says its rate as it ends
+            said.append(line)
+            if line.startswith("interactive: ") and "attainment" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, "".join(said) + err[-3000:]
+    assert "interrupted" in err
+    capacity = json.loads(out)["capacity"]
+    found = capacity["tiers"]["interactive"]
+    assert capacity["interrupted"] is True and found["stop_reason"] == "interrupted"
+    assert len(found["steps"]) >= 1 and capacity["steps_measured"] >= 1
+    assert found["capacity_req_s"] == capacity_of(found["steps"], 0.9)
 
 
 def test_tuner_verify_judges_vllm_bench_serve_output_like_a_step(server: Served) -> None:

@@ -143,6 +143,9 @@ def _drive_capacity(args: argparse.Namespace) -> int:
             known = capacity_uncertainty(found)
             print(f"{tier}: {found['capacity_req_s']:.3g} req/s with {found['target']:.0%} of requests within {slo} "
                   f"({found['stop_reason']}, {len(found['steps'])} steps{', ' + known if known else ''})")  # fmt: skip
+    if report["capacity"]["interrupted"]:
+        print("tuner: interrupted; the report holds the steps judged before it", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -159,11 +159,13 @@ class CapacityOutcome:
     results: dict[str, CapacityResult]
     measured: list[Measured]
     search_s: float
+    interrupted: bool = False  # Ctrl-C or SIGTERM stopped it: the tiers and steps judged until then
 
     def as_dict(self, plan: CapacityPlan) -> dict[str, Any]:
         return {
             "objective_tier": plan.scored[0],
             "tiers": {name: {"slo": dict(plan.tiers[name]), **r.as_dict()} for name, r in self.results.items()},
+            "interrupted": self.interrupted,
             "search_s": round(self.search_s, 2),
             "steps_measured": len(self.measured),
             "measured": [m.compact() for m in self.measured],
@@ -401,17 +403,41 @@ def search_capacity(
     incumbents: Mapping[str, float] | None = None,
     prune: bool = True,
     said: Callable[[str, Measured, str], None] | None = None,
+    keep_on_interrupt: bool = False,
 ) -> CapacityOutcome:
-    """Every tier's search (the scored tiers first), measuring each rate once across tiers."""
+    """Every tier's search (the scored tiers first), measuring each rate once across tiers. With
+    ``keep_on_interrupt``, Ctrl-C (or SIGTERM, which the CLI turns into one) ends it with what was
+    judged so far (``interrupted``; the step being served is lost) instead of raising: a drive's
+    minutes of steps are kept. A trial raises, so that it is marked failed."""
     started = time.monotonic()
     by_rate: dict[float, Measured] = {}
-    order = list(plan.scored) + [t for t in plan.tiers if t not in plan.scored]
     results: dict[str, CapacityResult] = {}
+    searches: dict[str, CapacitySearch] = {}
+    try:
+        _search_tiers(measure, plan, incumbents or {}, prune, said, by_rate, results, searches)
+    except KeyboardInterrupt:
+        if not keep_on_interrupt:
+            raise
+        for tier, search in searches.items():
+            if tier not in results:
+                search.stop_reason = "interrupted"
+                results[tier] = search.result()
+        return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started, interrupted=True)
+    return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started)
+
+
+def _search_tiers(
+    measure: Callable[[float], Measured], plan: CapacityPlan, incumbents: Mapping[str, float], prune: bool,
+    said: Callable[[str, Measured, str], None] | None, by_rate: dict[float, Measured],
+    results: dict[str, CapacityResult], searches: dict[str, CapacitySearch],
+) -> None:  # fmt: skip
+    """``search_capacity``'s loop, filling ``by_rate``, ``results`` and ``searches`` as it goes."""
+    order = list(plan.scored) + [t for t in plan.tiers if t not in plan.scored]
     for tier in order:
         if tier not in plan.scored:
             continue  # only the scored tiers are searched: an unscored tier's steps would cost boots' time
         slo = plan.tiers[tier]
-        search = plan.search((incumbents or {}).get(tier), prune)
+        search = searches[tier] = plan.search(incumbents.get(tier), prune)
         while (rate := search.next_rate()) is not None:
             key = round(rate, 6)
             fresh = key not in by_rate
@@ -444,4 +470,3 @@ def search_capacity(
                 ))  # fmt: skip
                 said(tier, m, f"{step.attainment:.0%}{interval} {verdict}{cut}{extra}")
         results[tier] = search.result()
-    return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started)

@@ -165,7 +165,9 @@ def drive_url(opts: SearchOptions, url: str) -> dict[str, Any]:
 def drive_capacity(opts: SearchOptions, url: str, tiers_for: str, progress: Progress) -> dict[str, Any]:
     """The capacity search of a trial, on the server at ``url``: the preset's tiers for a server on a
     GPU (or the CPU build, ``tiers_for``), ``--slo`` over them. The prefix cache is reset before each
-    step where the server allows it (vLLM in dev mode, SGLang); the report says whether it was."""
+    step where the server allows it (vLLM in dev mode, SGLang); the report says whether it was.
+    Interrupted (Ctrl-C, SIGTERM) during the search, it reports the steps judged so far
+    (``capacity.interrupted``)."""
     url = url.rstrip("/")
     given = source(opts.workload)
     watch = EarlyFailures(url)
@@ -190,7 +192,7 @@ def drive_capacity(opts: SearchOptions, url: str, tiers_for: str, progress: Prog
             progress.line(f"{tier}: {step.rate_req_s:.3g} req/s, {len(step.rows)} requests in "
                           f"{step.duration_s:.0f} s: attainment {verdict}")  # fmt: skip
 
-        outcome = search_capacity(measure, plan, prune=False, said=said)
+        outcome = search_capacity(measure, plan, prune=False, said=said, keep_on_interrupt=True)
     return {
         "url": url, "model": served.name, "engine": owner or None, "workload": workload.name,
         "workload_digest": workload.digest(), "tokenizer": model.path,

@@ -396,3 +396,25 @@ def test_the_first_tokens_of_requests_still_running_at_a_cut_are_kept() -> None:
 
     rows, firsts = asyncio.run(main())
     assert set(firsts) == {"r0"} and rows[0]["done_s"] is None and rows[0]["first_s"] is not None
+
+
+def test_an_interrupted_search_keeps_what_it_judged_only_when_asked() -> None:
+    calls: list[float] = []
+
+    def measure(rate: float) -> Measured:
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C, or SIGTERM as the CLI turns it, while the third step serves
+        calls.append(rate)
+        return _measured_at(rate, knee_strict=32.0, knee_relaxed=150.0)
+
+    plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.1)
+    out = search_capacity(measure, plan, keep_on_interrupt=True)
+    assert out.interrupted and out.as_dict(plan)["interrupted"] is True
+    assert set(out.results) == {"interactive"}, "the tier being searched; the next one never started"
+    found = out.results["interactive"]
+    assert found.stop_reason == "interrupted" and [s.rate_req_s for s in found.steps] == calls
+    assert found.capacity_req_s == max(calls) and len(out.measured) == 2
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):  # a trial's search: the trial must be marked failed
+        search_capacity(measure, plan)
+    assert search_capacity(lambda r: _measured_at(r, 32.0, 150.0), plan).interrupted is False
