@@ -105,6 +105,11 @@ class CapacityPlan:
         return self.min_requests
 
     @property
+    def scored_slos(self) -> list[Mapping[str, float]]:
+        """The SLO bounds of each scored tier, in ``scored``'s order."""
+        return [self.tiers[tier] for tier in self.scored]
+
+    @property
     def saturation_every_s(self) -> float:
         """How often, in step time, the monitor judges the saturation test (``saturation_due``)."""
         return SATURATION_EVERY_S
@@ -284,7 +289,7 @@ class Looks:
         # the last look is the step's end, after its drain: one fewer is taken while it serves
         if self.taken + 1 >= self.plan.step_limit or now < (self.taken + 1) * self.look_s:
             return None
-        scored = [self.plan.tiers[tier] for tier in self.plan.scored]
+        scored = self.plan.scored_slos
         end = min(resolved_until(rows, slo, self.warmup_s, now) for slo in scored)
         outcomes = [outcomes_in(rows, slo, self.warmup_s, end) for slo in scored]
         # A look decides on the plan's minimum sample of known outcomes, never fewer. With long answers
@@ -352,8 +357,8 @@ class StepWatch:
             # and only the requests whose outcome was known then: those still running were cut, not
             # missed, and counted as misses they made a step cut with nearly every known request on
             # time read as far under the target (reports/gpu-h200/capacity-check-8/NOTES.md)
-            scored = [self.plan.tiers[tier] for tier in self.plan.scored]
-            end = min([end, *(resolved_until(rows, slo, self.looks.warmup_s, duration_s) for slo in scored)])
+            known = (resolved_until(rows, slo, self.looks.warmup_s, duration_s) for slo in self.plan.scored_slos)
+            end = min([end, *known])
         full = (self.looks.warmup_s, max(end, self.looks.warmup_s))
         window = self.looks.window_s if decided and self.looks.window_s is not None else full
         judged_until = self.looks.decided_s if decided and self.looks.decided_s is not None else window[1]
@@ -411,27 +416,27 @@ def search_capacity(
     minutes of steps are kept. A trial raises, so that it is marked failed."""
     started = time.monotonic()
     by_rate: dict[float, Measured] = {}
-    results: dict[str, CapacityResult] = {}
     searches: dict[str, CapacitySearch] = {}
+    interrupted = False
     try:
-        _search_tiers(measure, plan, incumbents or {}, prune, said, by_rate, results, searches)
+        _search_tiers(measure, plan, incumbents or {}, prune, said, by_rate, searches)
     except KeyboardInterrupt:
         if not keep_on_interrupt:
             raise
-        for tier, search in searches.items():
-            if tier not in results:
+        interrupted = True
+        for search in searches.values():
+            if search.stop_reason is None:  # the tier being searched: every other one has stopped
                 search.stop_reason = "interrupted"
-                results[tier] = search.result()
-        return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started, interrupted=True)
-    return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started)
+    results = {tier: search.result() for tier, search in searches.items()}
+    return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started, interrupted)
 
 
 def _search_tiers(
     measure: Callable[[float], Measured], plan: CapacityPlan, incumbents: Mapping[str, float], prune: bool,
     said: Callable[[str, Measured, str], None] | None, by_rate: dict[float, Measured],
-    results: dict[str, CapacityResult], searches: dict[str, CapacitySearch],
+    searches: dict[str, CapacitySearch],
 ) -> None:  # fmt: skip
-    """``search_capacity``'s loop, filling ``by_rate``, ``results`` and ``searches`` as it goes."""
+    """``search_capacity``'s loop, filling ``by_rate`` and ``searches`` (one per tier, in order) as it goes."""
     order = list(plan.scored) + [t for t in plan.tiers if t not in plan.scored]
     for tier in order:
         if tier not in plan.scored:
@@ -469,4 +474,3 @@ def _search_tiers(
                     f", {step.replayed} replayed" if step.replayed else "",
                 ))  # fmt: skip
                 said(tier, m, f"{step.attainment:.0%}{interval} {verdict}{cut}{extra}")
-        results[tier] = search.result()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+from tests.batching_server import seen_at
 from tuner.errors import WorkloadError
 from tuner.measure import rate_steps
 from tuner.measure.capacity import (
@@ -302,18 +303,6 @@ def test_a_pass_at_a_look_needs_a_queue_that_did_not_grow_up_to_the_look(
 CHECK8 = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200-capacity-check-8"
 
 
-def _as_seen(rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """What the monitor knew at ``now``: the requests sent by then, those not ended without their end."""
-    seen = []
-    for r in rows:
-        if r["sent_s"] > now:
-            continue
-        ended = r["done_s"] is not None and r["done_s"] <= now
-        first = r["first_s"] if r["first_s"] is not None and r["first_s"] <= now else None
-        seen.append(r if ended else {**r, "done_s": None, "first_s": first})
-    return seen
-
-
 def _boot_a_step() -> tuple[CapacityPlan, list[dict[str, Any]], float]:
     """The vLLM defaults' 5.33 req/s step on a fresh boot, as its monitor saw it. The drive then kept
     no first token for a request still running at the cut; the monitor had heard them (it cut for
@@ -336,10 +325,10 @@ def test_a_wander_of_in_flight_is_judged_every_few_seconds_not_at_every_tick() -
     slo = plan.tiers["interactive"]
     ticks = [rate_steps.MONITOR_EVERY_S * i for i in range(1, int(duration / rate_steps.MONITOR_EVERY_S) + 1)]
     warmup = rate_steps.Looks(plan, 5.33, []).warmup_s
-    every_tick = [t for t in ticks if cut_reason(_as_seen(rows, t), slo, plan.target, t, warmup) is not None]
+    every_tick = [t for t in ticks if cut_reason(seen_at(rows, t), slo, plan.target, t, warmup) is not None]
     assert every_tick and every_tick[0] >= 24.0, "the drive's own cut, replayed"
     watch = rate_steps.StepWatch(plan, 5.33, schedule_s=45.0, longest=1024)
-    assert all(watch(_as_seen(rows, t), t) is None for t in ticks), "judged every 5 s: no cut, no look decided"
+    assert all(watch(seen_at(rows, t), t) is None for t in ticks), "judged every 5 s: no cut, no look decided"
 
 
 def test_the_monitor_judges_saturation_only_at_multiples_of_its_period() -> None:
@@ -351,9 +340,9 @@ def test_the_monitor_judges_saturation_only_at_multiples_of_its_period() -> None
     for i, row in enumerate(rows[:200]):
         row.update(done_s=1.0 + i * 0.1, output_tokens=10)
     watch = rate_steps.StepWatch(plan, 20.0, schedule_s=30.0, longest=10)
-    cuts = [t for t in (0.25 * i for i in range(1, 100)) if watch(_as_seen(rows, t), t) == SATURATED]
+    cuts = [t for t in (0.25 * i for i in range(1, 100)) if watch(seen_at(rows, t), t) == SATURATED]
     assert cuts and all(t % SATURATION_EVERY_S == 0 for t in cuts), cuts
-    assert any(cut_reason(_as_seen(rows, t), RELAXED, 0.9, t, 1.5) == SATURATED for t in (8.25, 8.5, 8.75, 9.25))
+    assert any(cut_reason(seen_at(rows, t), RELAXED, 0.9, t, 1.5) == SATURATED for t in (8.25, 8.5, 8.75, 9.25))
 
 
 def test_a_cut_step_counts_the_requests_whose_outcome_was_known_at_the_cut() -> None:
@@ -361,13 +350,13 @@ def test_a_cut_step_counts_the_requests_whose_outcome_was_known_at_the_cut() -> 
     # running (with their first token, well inside both bounds) read as misses, 0.55 for the drive
     plan, rows, duration = _boot_a_step()
     watch = rate_steps.StepWatch(plan, 5.33, schedule_s=45.0, longest=1024)
-    measured = watch.ended(_as_seen(rows, duration), [], duration, SATURATED)
+    measured = watch.ended(seen_at(rows, duration), [], duration, SATURATED)
     assert measured.aborted and measured.cut_reason == SATURATED
     slo = plan.tiers["interactive"]
     known = summarize_step(5.33, measured.rows, slo, plan.target, duration, window_s=measured.window_s, z=plan.z)
     to_cut = summarize_step(5.33, measured.rows, slo, plan.target, duration, window_s=(watch.looks.warmup_s, duration))
     assert to_cut.attainment < 0.6 < plan.target < known.attainment and known.n_counted >= 40
-    decided = watch.ended(_as_seen(rows, duration), [], duration, None)
+    decided = watch.ended(seen_at(rows, duration), [], duration, None)
     assert decided.window_s is not None and decided.window_s[1] > measured.window_s[1], "a step not cut: unchanged"
 
 
