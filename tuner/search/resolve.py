@@ -210,7 +210,10 @@ def capacity_plan(opts: SearchOptions, workload: Workload, device: Device) -> Ca
 # A step is decided by its attainment's interval (tuner.measure.capacity), which needs requests: on the
 # CPU build each request costs seconds, so its default looks twice at most and at a lower confidence
 # than on a GPU: the Quickstart's whole study must stay within its minutes (--confidence sets either).
-CPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 6.0, "min_requests": 12, "max_steps": 8,
+# Each device's max_steps lets a search without an incumbent climb from its start to a knee 32x above it
+# and still halve the bracket to the resolution: with 8 on the CPU build, a drive of the CPU defaults ran
+# out of steps on a bracket wider than the resolution (reports/capacity.md, "Capacity you can trust").
+CPU_STEPS: dict[str, Any] = {"start_rate": 1.0, "min_step_s": 6.0, "min_requests": 12, "max_steps": 10,
                              "step_limit": 2, "confidence": 0.6}  # fmt: skip
 GPU_STEPS: dict[str, Any] = {"start_rate": 40 / 15.0, "min_step_s": 15.0, "min_requests": 40, "max_steps": 10,
                              "step_limit": 3, "confidence": 0.9}  # fmt: skip

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tuner.engines.base import Device
 from tuner.errors import ConfigError
+from tuner.measure.capacity import CapacitySearch, judged_step
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import CPU_STEPS, GPU_STEPS, capacity_plan, parse_slo_flags
 from tuner.workloads import rag
@@ -32,6 +35,26 @@ def test_the_cpu_build_gets_its_own_tiers_and_shorter_steps() -> None:
     assert plan is not None
     assert plan.tiers["interactive"] != rag.TIERS.gpu["interactive"].as_dict()
     assert plan.min_step_s == CPU_STEPS["min_step_s"] < GPU_STEPS["min_step_s"]
+
+
+@pytest.mark.parametrize("device", [CPU, GPU], ids=["cpu", "gpu"])
+def test_each_devices_steps_resolve_a_knee_up_to_32x_its_start_rate(device: Device) -> None:
+    """A drive without an incumbent climbs from the start rate, then halves its bracket: its step budget
+    must reach the resolution for any knee the climb can reach in five doublings, or the claim is a
+    bracket wider than the plan promises."""
+    plan = capacity_plan(SearchOptions(workload="rag"), _workload(), device)
+    assert plan is not None
+    for ratio in (1.3, 3.1, 7.7, 17.0, 19.5, 31.0):
+        knee = plan.start_rate * ratio
+        search = CapacitySearch(
+            target=plan.target, resolution=plan.resolution, start_rate=plan.start_rate, max_steps=plan.max_steps
+        )
+        while (rate := search.next_rate()) is not None:
+            attainment = 1.0 / (1.0 + math.exp(8.0 * (rate / knee - 1.0)) / 9.0)  # 0.9 exactly at the knee
+            search.record(judged_step(rate, attainment, search.target))
+        result = search.result()
+        assert result.stop_reason == "resolved", (ratio, result.stop_reason, result.bracket_req_s)
+        assert result.capacity_req_s <= knee < result.capacity_req_s * (1 + plan.resolution)
 
 
 def test_pareto_scores_both_tiers_and_the_older_objectives_get_no_plan() -> None:
