@@ -81,9 +81,9 @@ class Setup:
 def _measure(setup: Setup, server: ServerProcess, client: httpx.Client, log: list[Measured]) -> Any:
     supply = RequestSupply.of(setup.workload)  # one search's requests, each sent once
 
-    def measure(rate: float) -> Measured:
+    def measure(rate: float, hold: bool = False) -> Measured:
         reset_prefix_cache(client, server.base_url, setup.adapter)
-        m = measure_step(server.base_url, server.spec.served_model, supply, rate, setup.plan, setup.adapter)
+        m = measure_step(server.base_url, server.spec.served_model, supply, rate, setup.plan, setup.adapter, hold)
         log.append(m)
         return m
 

@@ -74,11 +74,11 @@ SERVERS = (
 )
 
 
-def simulate_step(server: Server, rate: float, plan: CapacityPlan, seed: int) -> Measured:
+def simulate_step(server: Server, rate: float, plan: CapacityPlan, seed: int, hold: bool = False) -> Measured:
     """One step at ``rate`` on the simulated server, watched and ended by ``measure_step``'s own watch."""
     schedule_s = plan.step_limit * plan.look_s(rate)
     rows = server.served(rate, schedule_s, seed)
-    watch = StepWatch(plan, rate, schedule_s, TOKENS[1])  # the server's longest answer
+    watch = StepWatch(plan, rate, schedule_s, TOKENS[1], hold)  # the server's longest answer
     last_end = max(float(r["done_s"]) for r in rows)
     reason, now = None, TICK_S
     while now <= min(watch.deadline_s, last_end):
@@ -93,8 +93,8 @@ def simulate_step(server: Server, rate: float, plan: CapacityPlan, seed: int) ->
 def one_search(server: Server, plan: CapacityPlan, seed: int) -> dict[str, Any]:
     served: list[Measured] = []
 
-    def measure(rate: float) -> Measured:
-        served.append(simulate_step(server, rate, plan, seed * 1000 + len(served)))
+    def measure(rate: float, hold: bool = False) -> Measured:
+        served.append(simulate_step(server, rate, plan, seed * 1000 + len(served), hold))
         return served[-1]
 
     result = search_capacity(measure, plan).results["interactive"]

@@ -373,6 +373,7 @@ class Step:
     window_s: tuple[float, float] | None = None  # the send times attainment counted, s after the step's start
     queue_growing: bool = False  # the server's waiting queue kept growing through the step
     replayed: int = 0  # requests of a finite trace sent again in this search, its order kept
+    held: bool = True  # served its whole length; False: a look passed it early (its claim is then confirmed)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: non-finite numbers become None (it is stored as a trial user attribute)."""
@@ -481,8 +482,10 @@ class CapacityResult:
         return self.capacity_req_s, lowest_not_passed(self.steps, above=self.capacity_req_s)
 
     def at_capacity(self) -> Step | None:
-        """The step the capacity was decided at (None when nothing passed)."""
-        return next((s for s in self.steps if s.passed and s.rate_req_s == self.capacity_req_s), None)
+        """The step the capacity was decided at, the one that held its whole length where a look passed
+        the rate early first (None when nothing passed)."""
+        at = [s for s in self.steps if s.passed and s.rate_req_s == self.capacity_req_s]
+        return next((s for s in at if s.held), at[0] if at else None)
 
     def as_dict(self) -> dict[str, Any]:
         at = self.at_capacity()
@@ -505,6 +508,17 @@ class CapacitySearch:
     With an ``incumbent`` capacity c it starts at c, then c * (1 + resolution), so a config no better
     than the incumbent is bracketed in two steps; if c fails and ``PRUNE_SHARE`` * c fails too, it is pruned
     (unless ``prune`` is off: then it halves down as a search without an incumbent does).
+
+    A capacity is a pass that held for a step's whole length. A look may pass a step early, which is
+    enough to climb past it; but before the search stops on a capacity whose step a look passed
+    early, it serves that rate again to its end (``confirming``; the caller serves a step whole when
+    ``whole`` says so, looks deciding only fails). That step then stands for the rate; if it does not
+    pass, the search goes on below it, and from then on serves every step whole: the early looks
+    have been shown to flatter this server. At the knee the queue can build after a look has passed:
+    on the CPU build a step passed at its first look, and the same rate served for the length
+    ``tuner verify`` runs did not hold (reports/capacity.md, section "Capacity you can trust"). A
+    confirmation is not counted against ``max_steps``: a search never stops on a claim it has not
+    served whole.
     """
 
     def __init__(
@@ -537,16 +551,26 @@ class CapacitySearch:
         self.steps: list[Step] = []
         self.measured = 0  # the steps this search served itself: what max_steps bounds
         self.stop_reason: str | None = None
+        self.confirming = False  # the rate next_rate gave is a claim's confirmation
+        self.whole = False  # the rate next_rate gave is to be served whole: a confirmation, or any step
+        # once a confirmation failed
+        self.misled = False  # a confirmation failed: the looks' early passes flatter this server
+
+    def judged(self) -> list[Step]:
+        """The steps the search reads: a rate served whole stands for that rate, so the steps a look
+        ended early at a rate later served whole are left out."""
+        whole = {s.rate_req_s for s in self.steps if s.held}
+        return [s for s in self.steps if s.held or s.rate_req_s not in whole]
 
     def lowest_fail(self) -> float | None:
         """The lowest rate that did not pass and does not lean to a pass (``leans_pass``): the ceiling."""
-        fails = [s.rate_req_s for s in self.steps if not s.passed and not leans_pass(s, self.target)]
+        fails = [s.rate_req_s for s in self.judged() if not s.passed and not leans_pass(s, self.target)]
         return min(fails) if fails else None
 
     def _leaning(self, ceiling: float | None) -> float:
         """The highest rate below ``ceiling`` that passed or leans to a pass: where the knee is above."""
         leaning = [
-            s.rate_req_s for s in self.steps
+            s.rate_req_s for s in self.judged()
             if (s.passed or leans_pass(s, self.target)) and (ceiling is None or s.rate_req_s < ceiling)
         ]  # fmt: skip
         return max(leaning, default=0.0)
@@ -554,17 +578,30 @@ class CapacitySearch:
     def capacity(self) -> float:
         """Highest passing rate below the lowest failing rate, or 0.0 when none passed there."""
         ceiling = self.lowest_fail()
-        passes = [s.rate_req_s for s in self.steps if s.passed and (ceiling is None or s.rate_req_s < ceiling)]
+        passes = [s.rate_req_s for s in self.judged() if s.passed and (ceiling is None or s.rate_req_s < ceiling)]
         return max(passes, default=0.0)
+
+    def _unconfirmed(self) -> float | None:
+        """The capacity, where only a look passed it early so far (it is served whole next), else None."""
+        best = self.capacity()
+        at = [s for s in self.judged() if s.passed and s.rate_req_s == best]
+        # served once already and still not whole (a caller that cannot serve a step whole, such as a
+        # replay of recorded steps): asking again would loop
+        served = sum(1 for s in self.steps if s.rate_req_s == best)
+        return best if at and not any(s.held for s in at) and served < 2 else None
 
     def record(self, step: Step, measured: bool = True) -> None:
         """Add a step; ``measured=False`` for a rate another tier's search already served, which
         cost nothing and so does not count against ``max_steps``."""
+        if self.confirming and not step.passed:
+            self.misled = True
         self.steps.append(step)
-        self.measured += measured
+        self.measured += measured and not self.confirming
 
     def next_rate(self) -> float | None:
         """The next rate to measure, or None once the search has stopped (see ``result``)."""
+        self.confirming = False
+        self.whole = self.misled
         if self.stop_reason is not None:
             return None
         rate, reason = self._propose()
@@ -572,6 +609,9 @@ class CapacitySearch:
             rate, reason = None, "max_steps"
         if rate is not None and any(math.isclose(rate, s.rate_req_s) for s in self.steps):
             rate, reason = None, "stalled"  # only when the caller measured other rates than proposed
+        if rate is None and (claim := self._unconfirmed()) is not None:
+            self.confirming = self.whole = True  # it would stop on a pass a look decided early
+            return claim
         self.stop_reason = reason
         return rate
 
@@ -586,7 +626,7 @@ class CapacitySearch:
         if fail is not None and leaning > best and (fail - leaning) / leaning > self.resolution:
             return math.sqrt(leaning * fail), None  # the knee lies above an undecided step: bisect up to it
         # the bracket that counts: the capacity (a decided pass) and the lowest rate above it not passed
-        upper = lowest_not_passed(self.steps, above=best)
+        upper = lowest_not_passed(self.judged(), above=best)
         if best > 0:
             if upper is None:
                 return None, "max_rate"
@@ -596,7 +636,7 @@ class CapacitySearch:
         if self.incumbent is not None and self.prune:  # nothing passed below the incumbent: one rescue probe
             rescued = any(s.rate_req_s < self.incumbent for s in self.steps)
             return (None, "pruned") if rescued else (PRUNE_SHARE * self.incumbent, None)
-        lowest = lowest_not_passed(self.steps)
+        lowest = lowest_not_passed(self.judged())
         assert lowest is not None  # steps were measured and none passed
         floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
         return (lowest / 2, None) if lowest / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")

@@ -136,6 +136,7 @@ class Measured:
     looks: int = 0  # looks taken; fewer than the plan's limit when a look decided every scored tier
     queue_growing: bool = False  # the server's waiting queue kept growing over the window
     replayed: int = 0  # requests of a finite trace sent again (its order kept)
+    held: bool = True  # served to its end; False when a look passed a tier early (CapacitySearch confirms it)
 
     def compact(self) -> dict[str, Any]:
         """The step as a trial stores it: its rate, duration, server counters and every request as
@@ -277,8 +278,9 @@ class Looks:
     """A step's looks: at each multiple of the plan's look time, whether every scored tier is decided
     over the requests whose outcome is known by then (``tuner.measure.capacity.resolved_until``)."""
 
-    def __init__(self, plan: CapacityPlan, rate: float, queue: list[tuple[float, float]]) -> None:
-        self.plan, self.rate, self.queue = plan, rate, queue
+    def __init__(self, plan: CapacityPlan, rate: float, queue: list[tuple[float, float]], hold: bool = False) -> None:
+        """``hold``: serve the step whole unless a look fails every scored tier (a claim's confirmation)."""
+        self.plan, self.rate, self.queue, self.hold = plan, rate, queue, hold
         self.look_s = plan.look_s(rate)
         self.warmup_s = STEADY_TRIM * self.look_s
         self.taken = 0
@@ -305,7 +307,7 @@ class Looks:
         # carry, the early requests end on time while the queue builds behind them, and the counted
         # window can be too short to show it (a CPU step passed that way at a rate where the engine's
         # own client failed a lower one: reports/capacity.md, "Capacity you can trust").
-        if UNDECIDED in decisions or (PASS in decisions and self.queue_growing(now)):
+        if UNDECIDED in decisions or (PASS in decisions and (self.hold or self.queue_growing(now))):
             return None
         self.window_s, self.decided_s = (self.warmup_s, end), now
         return DECIDED
@@ -325,11 +327,12 @@ class StepWatch:
     but what it is given, so a simulated server is watched by the same rules as a real one
     (tests/benchmarks/bench_known_search.py)."""
 
-    def __init__(self, plan: CapacityPlan, rate: float, schedule_s: float, longest: int) -> None:
-        """``schedule_s``: the last release; ``longest``: the longest answer, in output tokens."""
+    def __init__(self, plan: CapacityPlan, rate: float, schedule_s: float, longest: int, hold: bool = False) -> None:
+        """``schedule_s``: the last release; ``longest``: the longest answer, in output tokens; ``hold``:
+        no look passes it early (``Looks``)."""
         self.plan, self.rate, self.schedule_s = plan, rate, schedule_s
         self.queue: list[tuple[float, float]] = []  # (time, waiting) samples, appended while the step runs
-        self.looks = Looks(plan, rate, self.queue)
+        self.looks = Looks(plan, rate, self.queue, hold)
         drain = max(MIN_DRAIN_S, DRAIN_SHARE * self.looks.look_s, slowest_passing_s(plan, longest))
         self.deadline_s = schedule_s + drain  # the step is cut here: requests still running are misses
         self.judged_s = 0.0  # the monitor's last tick (step time)
@@ -365,19 +368,20 @@ class StepWatch:
         return Measured(
             self.rate, rows, itl, duration_s, server or {}, aborted=reason is not None and not decided,
             cut_reason=None if decided else reason, window_s=window, looks=self.looks.taken + (not decided),
-            queue_growing=self.looks.queue_growing(judged_until), replayed=replayed,
+            queue_growing=self.looks.queue_growing(judged_until), replayed=replayed, held=not decided,
         )  # fmt: skip
 
 
 def measure_step(
     base_url: str, model: str, supply: RequestSupply, rate: float, plan: CapacityPlan,
-    adapter: EngineAdapter | None,
+    adapter: EngineAdapter | None, hold: bool = False,
 ) -> Measured:  # fmt: skip
     """One step at ``rate`` on a server that is up, its prefix cache reset by the caller: it serves
-    until a look decides it, or up to its limit (see the module docstring)."""
+    until a look decides it, or up to its limit (see the module docstring). With ``hold`` (a claim's
+    confirmation) no look passes it: it serves to its end unless a look fails every scored tier."""
     requests, replayed = step_requests(supply, rate, plan)
     schedule_s = max((r.arrival_s or 0.0) for r in requests)
-    watch = StepWatch(plan, rate, schedule_s, max((r.max_tokens for r in requests), default=1))
+    watch = StepWatch(plan, rate, schedule_s, max((r.max_tokens for r in requests), default=1), hold)
     gauge = adapter.waiting_gauge if adapter is not None else None
 
     with httpx.Client(timeout=10.0) as client:
@@ -403,23 +407,25 @@ def measure_step(
 
 
 def search_capacity(
-    measure: Callable[[float], Measured],
+    measure: Callable[..., Measured],
     plan: CapacityPlan,
     incumbents: Mapping[str, float] | None = None,
     prune: bool = True,
     said: Callable[[str, Measured, str], None] | None = None,
     keep_on_interrupt: bool = False,
 ) -> CapacityOutcome:
-    """Every tier's search (the scored tiers first), measuring each rate once across tiers. With
+    """Every tier's search (the scored tiers first), measuring each rate once across tiers (and again,
+    served whole, where a tier confirms a claim a look passed early: ``measure(rate, hold=True)``). With
     ``keep_on_interrupt``, Ctrl-C (or SIGTERM, which the CLI turns into one) ends it with what was
     judged so far (``interrupted``; the step being served is lost) instead of raising: a drive's
     minutes of steps are kept. A trial raises, so that it is marked failed."""
     started = time.monotonic()
-    by_rate: dict[float, Measured] = {}
+    by_rate: dict[float, Measured] = {}  # the step that stands for each rate: the latest served
+    served: list[Measured] = []  # every step served, in order
     searches: dict[str, CapacitySearch] = {}
     interrupted = False
     try:
-        _search_tiers(measure, plan, incumbents or {}, prune, said, by_rate, searches)
+        _search_tiers(measure, plan, incumbents or {}, prune, said, by_rate, served, searches)
     except KeyboardInterrupt:
         if not keep_on_interrupt:
             raise
@@ -428,12 +434,12 @@ def search_capacity(
             if search.stop_reason is None:  # the tier being searched: every other one has stopped
                 search.stop_reason = "interrupted"
     results = {tier: search.result() for tier, search in searches.items()}
-    return CapacityOutcome(results, list(by_rate.values()), time.monotonic() - started, interrupted)
+    return CapacityOutcome(results, served, time.monotonic() - started, interrupted)
 
 
 def _search_tiers(
-    measure: Callable[[float], Measured], plan: CapacityPlan, incumbents: Mapping[str, float], prune: bool,
-    said: Callable[[str, Measured, str], None] | None, by_rate: dict[float, Measured],
+    measure: Callable[..., Measured], plan: CapacityPlan, incumbents: Mapping[str, float], prune: bool,
+    said: Callable[[str, Measured, str], None] | None, by_rate: dict[float, Measured], served: list[Measured],
     searches: dict[str, CapacitySearch],
 ) -> None:  # fmt: skip
     """``search_capacity``'s loop, filling ``by_rate`` and ``searches`` (one per tier, in order) as it goes."""
@@ -445,15 +451,18 @@ def _search_tiers(
         search = searches[tier] = plan.search(incumbents.get(tier), prune)
         while (rate := search.next_rate()) is not None:
             key = round(rate, 6)
-            fresh = key not in by_rate
+            # a step to serve whole (a claim's confirmation) is served again, unless one served whole
+            # stands for the rate already
+            fresh = key not in by_rate or (search.whole and not by_rate[key].held)
             if fresh:
-                by_rate[key] = measure(rate)
+                by_rate[key] = measure(rate, hold=True) if search.whole else measure(rate)
+                served.append(by_rate[key])
             m = by_rate[key]
             step = summarize_step(
                 rate, m.rows, slo, plan.target, m.duration_s, itl_ms=m.itl_ms, server=m.server,
                 window_s=m.window_s, z=plan.z, queue_growing=m.queue_growing,
             )  # fmt: skip
-            step = replace(step, replayed=m.replayed)
+            step = replace(step, replayed=m.replayed, held=m.held)
             if m.aborted:
                 # The monitor cut it: saturated (requests in flight kept growing, so no SLO holds
                 # for long at this rate), or collapsed under every tier. Never a pass, and the
@@ -470,6 +479,8 @@ def _search_tiers(
                 )
                 verdict = "pass" if step.passed else (step.decision if step.decision == UNDECIDED else "fail")
                 extra = "".join((
+                    ", served whole to confirm the claim" if search.confirming else "",
+                    ", served whole" if search.whole and not search.confirming else "",
                     ", queue growing" if step.queue_growing else "",
                     f", {step.replayed} replayed" if step.replayed else "",
                 ))  # fmt: skip

@@ -188,9 +188,9 @@ def serve_capacity(
         cache_reset = [reset_prefix_cache(client, server.base_url, adapter)]
         supply = RequestSupply.of(workload)
 
-        def measure(rate: float) -> Measured:
+        def measure(rate: float, hold: bool = False) -> Measured:
             cache_reset.append(reset_prefix_cache(client, server.base_url, adapter))
-            return measure_step(server.base_url, spec.served_model, supply, rate, plan, adapter)
+            return measure_step(server.base_url, spec.served_model, supply, rate, plan, adapter, hold)
 
         def said(tier: str, step: Measured, verdict: str) -> None:
             what = f"{tier}: {step.rate_req_s:.3g} req/s, {len(step.rows)} requests in {step.duration_s:.0f} s"

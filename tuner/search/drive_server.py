@@ -184,9 +184,9 @@ def drive_capacity(opts: SearchOptions, url: str, tiers_for: str, progress: Prog
         resets: list[bool] = []
         supply = RequestSupply.of(workload)  # every step's requests distinct, whatever --requests says
 
-        def measure(rate: float) -> Measured:
+        def measure(rate: float, hold: bool = False) -> Measured:
             resets.append(_reset(client, url, adapter))
-            return measure_step(url, served.name, supply, rate, plan, adapter)
+            return measure_step(url, served.name, supply, rate, plan, adapter, hold)
 
         def said(tier: str, step: Measured, verdict: str) -> None:
             progress.line(f"{tier}: {step.rate_req_s:.3g} req/s, {len(step.rows)} requests in "

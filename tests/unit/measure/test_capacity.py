@@ -568,3 +568,64 @@ def test_a_step_waits_as_long_as_a_passing_request_can_take() -> None:
     assert StepWatch(e2e, rate=4.0, schedule_s=36.0, longest=768).deadline_s == pytest.approx(36.0 + 6.0), (
         "never less than half a look's length (12 s here) past the last release"
     )
+
+
+# --- a claim served whole: a look's early pass is confirmed before the search stops on it -----------
+
+
+def _run_with_looks(
+    search: CapacitySearch, early: Callable[[float], float], whole: Callable[[float], float]
+) -> tuple[CapacityResult, list[float]]:
+    """A server whose attainment over a look's first part is ``early`` and over the whole step ``whole``
+    (the queue builds after the first look at the knee): a step passes early at a look where ``early``
+    clears the target, else is served whole. Returns the result and the rates confirmed."""
+    confirmed = []
+    while (rate := search.next_rate()) is not None:
+        if search.whole:
+            confirmed += [rate] if search.confirming else []
+            search.record(judged_step(rate, whole(rate), search.target))
+        elif early(rate) >= search.target:
+            search.record(replace(judged_step(rate, early(rate), search.target), held=False))
+        else:
+            search.record(judged_step(rate, whole(rate), search.target))
+    return search.result(), confirmed
+
+
+def test_a_claim_a_look_passed_early_is_served_whole_and_a_fail_there_lowers_it() -> None:
+    # The CPU build's defaults: steps passed at their first look up to 17.4 req/s, and vLLM's own client
+    # at 17.4 for the length of a whole step read 0.70 (reports/capacity.md, "Capacity you can trust").
+    result, confirmed = _run_with_looks(
+        CapacitySearch(start_rate=1.0, max_steps=12), knee_curve(17.4), knee_curve(12.0)
+    )
+    assert result.capacity_req_s <= 12.0, "the claim holds over a whole step, not only up to a look"
+    assert result.capacity_req_s >= 12.0 / 1.1, "and is resolved as finely as before"
+    assert confirmed and confirmed[0] > 12.0, "the first early claim was served whole, and failed"
+    at = result.at_capacity()
+    assert at is not None and at.held and at.passed, "the capacity stands on a step served whole"
+    assert result.stop_reason == "resolved"
+    failed = next(i for i, s in enumerate(result.steps) if s.held and s.rate_req_s == confirmed[0])
+    assert all(s.held for s in result.steps[failed:]), "once looks misled it, every step is served whole"
+    assert result.bracket_req_s[1] is not None and result.bracket_req_s[1] <= result.capacity_req_s * 1.1 + 1e-9
+
+
+def test_a_claim_that_holds_costs_one_more_step_and_a_search_served_whole_none() -> None:
+    early, _ = _run_with_looks(CapacitySearch(start_rate=1.0), knee_curve(13.7), knee_curve(13.7))
+    whole = run(CapacitySearch(start_rate=1.0), knee_curve(13.7))
+    assert early.capacity_req_s == whole.capacity_req_s
+    assert len(early.steps) == len(whole.steps) + 1, "the claim, served once more, whole"
+    assert [s.rate_req_s for s in early.steps[-2:]] == [early.steps[-2].rate_req_s, early.capacity_req_s]
+
+
+def test_a_confirmation_is_served_past_max_steps() -> None:
+    search = CapacitySearch(start_rate=1.0, max_steps=3)
+    result, confirmed = _run_with_looks(search, lambda r: 1.0, lambda r: 1.0 if r <= 2.0 else 0.5)
+    assert result.stop_reason == "max_steps" and confirmed == [4.0, 2.0]
+    assert result.capacity_req_s == 2.0 and result.at_capacity() is not None and result.at_capacity().held  # type: ignore[union-attr]
+
+
+def test_a_caller_that_cannot_serve_a_step_whole_is_asked_once() -> None:
+    search = CapacitySearch(start_rate=1.0, max_steps=3)
+    while (rate := search.next_rate()) is not None:
+        search.record(replace(judged_step(rate, 1.0, search.target), held=False))
+    result = search.result()
+    assert [s.rate_req_s for s in result.steps] == [1.0, 2.0, 4.0, 4.0] and result.capacity_req_s == 4.0

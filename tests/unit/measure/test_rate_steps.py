@@ -408,3 +408,38 @@ def test_an_interrupted_search_keeps_what_it_judged_only_when_asked() -> None:
     with pytest.raises(KeyboardInterrupt):  # a trial's search: the trial must be marked failed
         search_capacity(measure, plan)
     assert search_capacity(lambda r: _measured_at(r, 32.0, 150.0), plan).interrupted is False
+
+
+def test_a_step_served_whole_is_passed_by_no_look_but_failed_by_one() -> None:
+    plan = _plan(tiers={"interactive": RELAXED}, min_step_s=6.0, min_requests=12, step_limit=2, confidence=0.6)
+    on_time = _early_on_time_rows(32.0)
+    assert rate_steps.Looks(plan, 32.0, [])(on_time, 6.0) == rate_steps.DECIDED, "a look passes it early"
+    assert rate_steps.Looks(plan, 32.0, [], hold=True)(on_time, 6.0) is None, "served whole: no early pass"
+    late = [{**r, "first_s": r["sent_s"] + 5.0} if r["done_s"] is not None else r for r in on_time]
+    assert rate_steps.Looks(plan, 32.0, [], hold=True)(late, 6.0) == rate_steps.DECIDED, "a fail still ends it"
+    watch = rate_steps.StepWatch(plan, 32.0, schedule_s=12.0, longest=101)
+    assert watch(on_time, 6.0) == rate_steps.DECIDED
+    assert watch.ended(on_time, [], 6.0, rate_steps.DECIDED).held is False
+    assert watch.ended(on_time, [], 12.0, None).held is True
+
+
+def test_a_claim_passed_at_a_look_is_served_again_whole_and_both_steps_are_kept() -> None:
+    calls: list[tuple[float, bool]] = []
+
+    def measure(rate: float, hold: bool = False) -> Measured:
+        calls.append((rate, hold))
+        # a look passes rates up to 6 req/s early; served whole, only those up to 4 pass
+        m = _measured_at(rate, knee_strict=4.0 if hold else 6.0, knee_relaxed=100.0)
+        return replace(m, held=hold or rate > 6.0)
+
+    said: list[str] = []
+    plan = _plan(scored=("interactive",), start_rate=1.0, resolution=0.5)
+    out = search_capacity(measure, plan, said=lambda tier, m, verdict: said.append(verdict))
+    found = out.results["interactive"]
+    assert 4.0 / 1.5 <= found.capacity_req_s <= 4.0, "the claim is where a whole step holds"
+    assert calls[:4] == [(1.0, False), (2.0, False), (4.0, False), (8.0, False)]
+    assert (4.0, True) in calls, "the early claim at 4 req/s was served again, whole"
+    assert len(out.measured) == len(calls), "every step served is kept, the early one and the whole one"
+    at = found.at_capacity()
+    assert at is not None and at.held
+    assert any("served whole to confirm the claim" in line for line in said), said
