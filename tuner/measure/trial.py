@@ -233,10 +233,8 @@ def _score_capacity(result: TrialResult, outcome: CapacityOutcome, plan: Capacit
     first = outcome.results[plan.scored[0]]
     by_rate = {m.rate_req_s: m for m in outcome.measured}
     lowest = min(by_rate)
-    at = [step for step in first.steps if step.rate_req_s == first.capacity_req_s] or [
-        step for step in first.steps if step.rate_req_s == lowest
-    ]
-    step = at[0]
+    # the step the capacity stands on (the one served whole where a look passed the rate early first)
+    step = first.at_capacity() or next(step for step in first.steps if step.rate_req_s == lowest)
     within = [m for rate, m in by_rate.items() if rate <= max(first.capacity_req_s, lowest)]
     sent = sum(len(m.rows) for m in within)
     errors = sum(1 for m in within for row in m.rows if row["error"] is not None)  # unfinished: a miss, not an error

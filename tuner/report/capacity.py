@@ -121,6 +121,8 @@ def _step(row: Mapping[str, Any]) -> RateStep | None:
         return None
     verdict = "passed" if row.get("passed") else "undecided" if row.get("decision") == "undecided" else "failed"
     notes = [verdict, *(flag for flag in ("saturated", "collapsed", "queue_growing") if row.get(flag))]
+    if row.get("held") is False:
+        notes.append("decided at an early look")
     low, high = _float(row.get("attainment_low")), _float(row.get("attainment_high"))
     if low is not None and high is not None:
         notes.append(f"attainment interval [{low:.1%}, {high:.1%}]")

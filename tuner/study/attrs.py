@@ -204,10 +204,12 @@ def _queued(study: optuna.Study, kind: str) -> list[dict[str, Any]]:
 
 def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:
     """The stored step a tier's capacity record (``CapacityResult.as_dict``) was decided at: the passing
-    step at its capacity (None: nothing passed, or a malformed record)."""
+    step at its capacity, the one served whole where a look passed the rate early first (None: nothing
+    passed, or a malformed record)."""
     steps = tier.get("steps")
     rows = [r for r in steps if isinstance(r, dict)] if isinstance(steps, list) else []
-    return next((r for r in rows if r.get("passed") and r.get("rate_req_s") == tier.get("capacity_req_s")), None)
+    at = [r for r in rows if r.get("passed") and r.get("rate_req_s") == tier.get("capacity_req_s")]
+    return next((r for r in at if r.get("held", True)), at[0] if at else None)
 
 
 def capacity_uncertainty(tier: Mapping[str, Any]) -> str:

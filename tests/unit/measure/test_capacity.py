@@ -29,6 +29,7 @@ from tuner.measure.capacity import (
     steady_rows,
     summarize_step,
 )
+from tuner.study.attrs import step_at_capacity
 
 LADDERS = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200" / "capacity-ladders.json"
 STRICT = {"ttft_p95_ms": 200.0, "tpot_p95_ms": 6.0}
@@ -629,3 +630,12 @@ def test_a_caller_that_cannot_serve_a_step_whole_is_asked_once() -> None:
         search.record(replace(judged_step(rate, 1.0, search.target), held=False))
     result = search.result()
     assert [s.rate_req_s for s in result.steps] == [1.0, 2.0, 4.0, 4.0] and result.capacity_req_s == 4.0
+
+
+def test_the_stored_record_names_the_step_served_whole_as_the_one_at_capacity() -> None:
+    result, _ = _run_with_looks(CapacitySearch(start_rate=1.0), lambda r: 1.0 if r <= 8.0 else 0.5, knee_curve(8.5))
+    early = [s for s in result.steps if s.rate_req_s == result.capacity_req_s]
+    assert [s.held for s in early] == [False, True] and early[0].attainment != early[1].attainment
+    stored = json.loads(json.dumps(result.as_dict()))
+    at = step_at_capacity(stored)
+    assert at is not None and at["held"] and at["attainment"] == pytest.approx(early[1].attainment)
