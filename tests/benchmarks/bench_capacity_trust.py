@@ -171,9 +171,18 @@ def _verify_text(data: dict[str, Any]) -> str:
             rows.append([f"{run['share']:g}x", f"{run['rate_req_s']:.3g}", tier, f"{v['attainment']:.3f}",
                          f"{v.get('attainment_low', float('nan')):.3f}-{v.get('attainment_high', float('nan')):.3f}",
                          f"{v['n_counted']} / {v['n_requests']}", v.get("decision", "-"),
-                         "met" if run["goal_met"][tier] else "**not met**"])  # fmt: skip
-    head = ["share", "req/s", "tier", "attainment", "interval", "counted / sent", "decision", "goal"]
+                         "met" if run["goal_met"][tier] else "**not met**", _queue(run)])  # fmt: skip
+    head = ["share", "req/s", "tier", "attainment", "interval", "counted / sent", "decision", "goal",
+            "server's waiting queue"]  # fmt: skip
     return said + "Goal: at 1x at most 5 points under the target, at 1.2x under it.\n\n" + table(head, rows)
+
+
+def _queue(run: dict[str, Any]) -> str:
+    """The server's waiting queue over the client's run, as `tuner verify` judged it."""
+    waiting = run.get("queue_waiting") or []
+    if run.get("queue_growing") is None:
+        return "not sampled"
+    return f"{'growing' if run['queue_growing'] else 'not growing'} ({min(waiting):g}-{max(waiting):g})"
 
 
 def render(data: dict[str, Any]) -> str:

@@ -10,6 +10,10 @@ What the client can take is what a dataset file holds: single-turn completions, 
 output length where the client takes that (``EngineAdapter.bench_own_output_lens``), else at one.
 Anything else in the workload (chat or multi-turn requests, other output lengths where the client
 takes one) is left out and said in ``notes``, never silently.
+
+While the client runs, the server's waiting queue is sampled (``QueueWatch``) and judged as a step's
+is (``tuner.measure.capacity.growing``) over the client's run: an attainment over one step's length
+says nothing of a queue still building at its end, which breaks any SLO in time.
 """
 
 from __future__ import annotations
@@ -18,21 +22,28 @@ import json
 import os
 import signal
 import subprocess
+import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tuner.engines.base import BenchRows, EngineAdapter
+from tuner.engines.prometheus import metric_total
 from tuner.errors import EngineError, WorkloadError
-from tuner.measure.capacity import STEADY_TRIM, Step, summarize_step
+from tuner.measure.capacity import STEADY_TRIM, Step, growing, summarize_step
+from tuner.measure.metrics import scrape_metrics
 from tuner.workloads.base import COMPLETIONS_ENDPOINT, Request
 
-__all__ = ["ClientRequests", "client_requests", "judge", "read_result", "run_client"]
+__all__ = ["ClientRequests", "QueueWatch", "client_requests", "judge", "read_result", "run_client"]
 
 STEP_FIELDS_OF_OTHERS = ("attainment_low", "attainment_high", "decision")  # shown when Step has them
 MAX_EXTRA_S = 300.0  # the client may run this long past its schedule before it is stopped
+QUEUE_EVERY_S = 1.0  # how often the server's waiting queue is sampled while the client runs, as in a step
 
 
 @dataclass(frozen=True)
@@ -138,3 +149,50 @@ def _counted(trim: float) -> str:
         return "all requests (the client records no send times)"
     return (f"requests sent in [{trim:.0%}, {1 - trim:.0%}] of the run, from its first request's send "
             "to its last request's end")  # fmt: skip
+
+
+class QueueWatch:
+    """The server's waiting queue (the adapter's ``waiting_gauge``), sampled every ``QUEUE_EVERY_S`` from a
+    thread while the client runs: ``with QueueWatch(...) as watch: run_client(...)``, then
+    ``watch.growing(duration_s, rate)``. An engine without the gauge is not sampled (``judged`` False)."""
+
+    def __init__(self, url: str, gauge: str | None, every_s: float = QUEUE_EVERY_S) -> None:
+        self.url, self.gauge, self.every_s = url.rstrip("/"), gauge, every_s
+        self.samples: list[tuple[float, float]] = []  # (monotonic s, requests waiting)
+        self.ended_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> QueueWatch:
+        if self.gauge is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ended_s = time.monotonic()
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _sample(self) -> None:
+        assert self.gauge is not None
+        with httpx.Client(timeout=5.0) as client:
+            while not self._stop.is_set():
+                samples = scrape_metrics(client, self.url)
+                if self.gauge in {key.partition("{")[0] for key in samples}:
+                    self.samples.append((time.monotonic(), metric_total(samples, self.gauge)))
+                self._stop.wait(self.every_s)
+
+    def window(self, duration_s: float, trim: float = STEADY_TRIM) -> list[tuple[float, float]]:
+        """The samples of the client's run (the ``duration_s`` it reported, ending when it exited) less
+        ``trim`` of it at each end, in seconds from the run's start."""
+        start = self.ended_s - duration_s
+        kept = [(t - start, n) for t, n in self.samples if start <= t <= self.ended_s]
+        return [(t, n) for t, n in kept if trim * duration_s <= t <= (1 - trim) * duration_s]
+
+    def growing(self, duration_s: float, rate: float) -> bool | None:
+        """Whether the queue kept growing over the run, as a step's is judged (None: not sampled)."""
+        kept = self.window(duration_s)
+        if self.gauge is None or len(kept) < 3:
+            return None
+        return growing([t for t, _ in kept], [n for _, n in kept], rate)

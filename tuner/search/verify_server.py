@@ -30,7 +30,7 @@ from tuner.measure.process import ServerProcess, free_port
 from tuner.measure.rate_steps import step_requests
 from tuner.measure.supply import RequestSupply
 from tuner.measure.trial import identify_server, reset_prefix_cache
-from tuner.measure.verify import MAX_EXTRA_S, client_requests, judge, read_result, run_client
+from tuner.measure.verify import MAX_EXTRA_S, QueueWatch, client_requests, judge, read_result, run_client
 from tuner.progress import Progress
 from tuner.search.drive_server import drive_model, served_model
 from tuner.search.options import SearchOptions
@@ -147,12 +147,16 @@ class _Run:
         n = len(chosen.prompts)
         argv = self.adapter.bench_argv(self.python, self.url, self.served, self.tokenizer, str(dataset), str(result),
                                        rate, n, chosen.output_len, self.seed)  # fmt: skip
-        run_client(argv, self.where / f"client-{name}.log", timeout_s=n / rate + MAX_EXTRA_S)
+        with QueueWatch(self.url, self.adapter.waiting_gauge) as queue:
+            run_client(argv, self.where / f"client-{name}.log", timeout_s=n / rate + MAX_EXTRA_S)
         bench = read_result(result, self.adapter)
         verdicts = {tier: judge(rate, bench, {tier: c.slo}, c.target)[tier] for tier, c in claims.items()}
         goal = {tier: _goal(share, v["attainment"], claims[tier].target) for tier, v in verdicts.items()}
+        # the server's waiting queue over the client's run: attainment over one step's length cannot
+        # show a queue still building at its end (None: the engine exports no such gauge)
         return {"share": share, "rate_req_s": rate, "argv": argv, "notes": chosen.notes, "tiers": verdicts,
-                "goal_met": goal}  # fmt: skip
+                "goal_met": goal, "queue_growing": queue.growing(bench.duration_s, rate),
+                "queue_waiting": [round(n, 1) for _, n in queue.window(bench.duration_s)]}  # fmt: skip
 
 
 def _goal(share: float, attainment: float, target: float) -> bool:
@@ -229,6 +233,11 @@ def describe_report(report: Mapping[str, Any]) -> list[str]:
                          f"{v['n_counted']} counted ({v['n_requests']} sent), target {v['target']:.2f}, "
                          f"{'pass' if v['passed'] else 'fail'}{others}; goal {goal}")  # fmt: skip
         lines.append(f"  counted at {run['share']:g}x: {next(iter(run['tiers'].values()))['counted']}")
+        if run.get("queue_growing") is not None:
+            waiting = run.get("queue_waiting") or []
+            trend = "kept growing" if run["queue_growing"] else "did not keep growing"
+            lines.append(f"  the server's waiting queue {trend} over the run at {run['share']:g}x "
+                         f"({len(waiting)} samples, {min(waiting):g}-{max(waiting):g} waiting)")  # fmt: skip
     return lines
 
 

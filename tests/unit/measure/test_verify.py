@@ -20,7 +20,7 @@ import pytest
 from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.capacity import STEADY_TRIM, request_ms, summarize_step
-from tuner.measure.verify import client_requests, judge, read_result
+from tuner.measure.verify import QueueWatch, client_requests, judge, read_result
 from tuner.workloads.base import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, Request
 
 CAPTURES = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200-verify"
@@ -90,3 +90,18 @@ def test_what_the_client_cannot_send_is_left_out_and_said() -> None:
     one = client_requests(requests, SglangAdapter())  # one --sharegpt-output-len for all: the commonest
     assert one.prompts == ["p0", "p3", "p4"] and one.output_len == 48 and one.output_lens == [48, 48, 48]
     assert len(one.notes) == 2 and "another output length than 48" in one.notes[1]
+
+
+def test_the_queue_over_the_clients_run_is_judged_as_a_steps_without_its_startup_or_drain() -> None:
+    # the client spends seconds importing and tokenizing before its first request; the samples then
+    # (an idle server) and after its run must not make a flat queue look like a growing one
+    watch = QueueWatch("http://127.0.0.1:9", "vllm:num_requests_waiting")
+    watch.ended_s = 100.0  # the client exited 100 s in, after a run it timed at 40 s
+    startup = [(float(t), 0.0) for t in range(40, 60)]
+    flat = [(float(t), 5.0 + (t % 2)) for t in range(60, 100)]
+    watch.samples = startup + flat
+    assert [t for t, _ in watch.window(40.0)] == [float(t) for t in range(4, 37)]
+    assert watch.growing(40.0, rate=10.0) is False
+    watch.samples = startup + [(float(t), 2.0 * (t - 60)) for t in range(60, 100)]
+    assert watch.growing(40.0, rate=10.0) is True, "2 more waiting each second at 10 req/s: a fifth of arrivals"
+    assert QueueWatch("http://127.0.0.1:9", None).growing(40.0, rate=10.0) is None, "no gauge: not judged"
