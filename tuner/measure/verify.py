@@ -12,7 +12,7 @@ Anything else in the workload (chat or multi-turn requests, other output lengths
 takes one) is left out and said in ``notes``, never silently.
 
 While the client runs, the server's waiting queue is sampled (``QueueWatch``) and judged as a step's
-is (``tuner.measure.capacity.growing``) over the client's run: an attainment over one step's length
+is (``tuner.measure.capacity.growing``) while the client sends: an attainment over one step's length
 says nothing of a queue still building at its end, which breaks any SLO in time.
 """
 
@@ -154,7 +154,7 @@ def _counted(trim: float) -> str:
 class QueueWatch:
     """The server's waiting queue (the adapter's ``waiting_gauge``), sampled every ``QUEUE_EVERY_S`` from a
     thread while the client runs: ``with QueueWatch(...) as watch: run_client(...)``, then
-    ``watch.growing(duration_s, rate)``. An engine without the gauge is not sampled (``judged`` False)."""
+    ``watch.growing(duration_s, send_s, rate)``. An engine without the gauge is not sampled."""
 
     def __init__(self, url: str, gauge: str | None, every_s: float = QUEUE_EVERY_S) -> None:
         self.url, self.gauge, self.every_s = url.rstrip("/"), gauge, every_s
@@ -183,16 +183,18 @@ class QueueWatch:
                     self.samples.append((time.monotonic(), metric_total(samples, self.gauge)))
                 self._stop.wait(self.every_s)
 
-    def window(self, duration_s: float, trim: float = STEADY_TRIM) -> list[tuple[float, float]]:
-        """The samples of the client's run (the ``duration_s`` it reported, ending when it exited) less
-        ``trim`` of it at each end, in seconds from the run's start."""
+    def window(self, duration_s: float, send_s: float, trim: float = STEADY_TRIM) -> list[tuple[float, float]]:
+        """The samples taken while the client sent, less ``trim`` of that at each end, in seconds from
+        its first send: its run lasted the ``duration_s`` it reported, ending when it exited, and it
+        sent over the first ``send_s`` of it. The drain after the last send is left out: there the
+        queue empties whatever the rate, and at a rate the server cannot carry it is longest."""
         start = self.ended_s - duration_s
         kept = [(t - start, n) for t, n in self.samples if start <= t <= self.ended_s]
-        return [(t, n) for t, n in kept if trim * duration_s <= t <= (1 - trim) * duration_s]
+        return [(t, n) for t, n in kept if trim * send_s <= t <= (1 - trim) * send_s]
 
-    def growing(self, duration_s: float, rate: float) -> bool | None:
-        """Whether the queue kept growing over the run, as a step's is judged (None: not sampled)."""
-        kept = self.window(duration_s)
+    def growing(self, duration_s: float, send_s: float, rate: float) -> bool | None:
+        """Whether the queue kept growing while the client sent, as a step's is judged (None: not sampled)."""
+        kept = self.window(duration_s, send_s)
         if self.gauge is None or len(kept) < 3:
             return None
         return growing([t for t, _ in kept], [n for _, n in kept], rate)

@@ -152,11 +152,12 @@ class _Run:
         bench = read_result(result, self.adapter)
         verdicts = {tier: judge(rate, bench, {tier: c.slo}, c.target)[tier] for tier, c in claims.items()}
         goal = {tier: _goal(share, v["attainment"], claims[tier].target) for tier, v in verdicts.items()}
-        # the server's waiting queue over the client's run: attainment over one step's length cannot
-        # show a queue still building at its end (None: the engine exports no such gauge)
+        # the server's waiting queue while the client sent (its last send, else its schedule): attainment
+        # over one step's length cannot show a queue still building at its end (None: no such gauge)
+        send_s = max(float(r["sent_s"]) for r in bench.rows) if bench.timed and bench.rows else n / rate
         return {"share": share, "rate_req_s": rate, "argv": argv, "notes": chosen.notes, "tiers": verdicts,
-                "goal_met": goal, "queue_growing": queue.growing(bench.duration_s, rate),
-                "queue_waiting": [round(n, 1) for _, n in queue.window(bench.duration_s)]}  # fmt: skip
+                "goal_met": goal, "queue_growing": queue.growing(bench.duration_s, send_s, rate),
+                "queue_waiting": [round(n, 1) for _, n in queue.window(bench.duration_s, send_s)]}  # fmt: skip
 
 
 def _goal(share: float, attainment: float, target: float) -> bool:

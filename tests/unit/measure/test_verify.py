@@ -92,16 +92,18 @@ def test_what_the_client_cannot_send_is_left_out_and_said() -> None:
     assert len(one.notes) == 2 and "another output length than 48" in one.notes[1]
 
 
-def test_the_queue_over_the_clients_run_is_judged_as_a_steps_without_its_startup_or_drain() -> None:
-    # the client spends seconds importing and tokenizing before its first request; the samples then
-    # (an idle server) and after its run must not make a flat queue look like a growing one
+def test_the_queue_while_the_client_sends_is_judged_as_a_steps_without_its_startup_or_drain() -> None:
+    # the client spends seconds importing and tokenizing before its first request, and at a rate the
+    # server cannot carry its drain is long: the queue empties there whatever the rate. The samples of
+    # either must not make a flat queue look like a growing one, nor hide a growing one.
     watch = QueueWatch("http://127.0.0.1:9", "vllm:num_requests_waiting")
-    watch.ended_s = 100.0  # the client exited 100 s in, after a run it timed at 40 s
+    watch.ended_s = 100.0  # the client exited 100 s in, after a run it timed at 40 s, sending for 30 s
     startup = [(float(t), 0.0) for t in range(40, 60)]
-    flat = [(float(t), 5.0 + (t % 2)) for t in range(60, 100)]
-    watch.samples = startup + flat
-    assert [t for t, _ in watch.window(40.0)] == [float(t) for t in range(4, 37)]
-    assert watch.growing(40.0, rate=10.0) is False
-    watch.samples = startup + [(float(t), 2.0 * (t - 60)) for t in range(60, 100)]
-    assert watch.growing(40.0, rate=10.0) is True, "2 more waiting each second at 10 req/s: a fifth of arrivals"
-    assert QueueWatch("http://127.0.0.1:9", None).growing(40.0, rate=10.0) is None, "no gauge: not judged"
+    flat = [(float(t), 5.0 + (t % 2)) for t in range(60, 90)]
+    drain = [(float(t), max(0.0, 60.0 - 6.0 * (t - 90))) for t in range(90, 100)]
+    watch.samples = startup + flat + drain
+    assert [t for t, _ in watch.window(40.0, 30.0)] == [float(t) for t in range(3, 28)]
+    assert watch.growing(40.0, 30.0, rate=10.0) is False
+    watch.samples = startup + [(float(t), 2.0 * (t - 60)) for t in range(60, 90)] + drain
+    assert watch.growing(40.0, 30.0, rate=10.0) is True, "2 more waiting each second at 10 req/s, then a drain"
+    assert QueueWatch("http://127.0.0.1:9", None).growing(40.0, 30.0, rate=10.0) is None, "no gauge: not judged"
