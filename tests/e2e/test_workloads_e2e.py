@@ -130,10 +130,11 @@ def test_tuner_drive_measures_a_running_server_like_a_trial(server: Served, meas
 
 def test_tuner_drive_finds_the_capacity_of_a_running_server(server: Served, measured: dict[str, Measured]) -> None:
     """`tuner drive --capacity`: the trials' capacity search on the real vLLM CPU build, both tiers."""
-    # --confidence 0.6: steps decide sooner than at the CPU default, so the test stays short; what is
-    # checked is how steps are decided and recorded, not how precisely
+    # --confidence 0.6 and --resolution 1.0: steps decide sooner than at the CPU default and the search
+    # stops at its first bracket, so the test stays short; what is checked is how steps are decided and
+    # recorded, not how precisely
     done = tuner("drive", "--url", server.base_url, "--workload", "rag", "--requests", "12", "--capacity",
-                 "--tiers-for", "cpu", "--resolution", "0.5", "--confidence", "0.6", "--json")  # fmt: skip
+                 "--tiers-for", "cpu", "--resolution", "1.0", "--confidence", "0.6", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["engine"] == "vllm" and report["prefix_cache_reset"] is True, "dev mode: each step starts cold"
@@ -154,6 +155,9 @@ def test_tuner_drive_finds_the_capacity_of_a_running_server(server: Served, meas
             assert 0.0 < s["window_s"][0] <= s["window_s"][1] <= s["duration_s"] + 1e-3 and s["replayed"] == 0
         low, high = found["bracket_req_s"]
         assert low == found["capacity_req_s"] and (high is None or high > low)
+        # the capacity stands on a step served to its end: where a look passed it early, served again
+        at = [s for s in steps if s["passed"] and s["rate_req_s"] == found["capacity_req_s"]]
+        assert not at or any(s["held"] for s in at), at
         assert "attainment" in done.stderr and f"{tier}: " in done.stderr, "each step says its rate as it ends"
     # a rate both searches asked for was measured once and judged twice: looser bounds pass at least as much
     relaxed = {s["rate_req_s"]: s for s in tiers["relaxed"]["steps"]}
