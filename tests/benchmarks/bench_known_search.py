@@ -12,7 +12,8 @@ arrivals delays every first token at once (misses come in bursts, over a broad b
 the knee, as the H200's TTFT misses did). Each search is ``tuner.measure.rate_steps.search_capacity``
 with the GPU's step plan; each step is served offline by the simulated server and watched by
 ``measure_step``'s own ``StepWatch`` (the monitor's cuts and the step's looks) every ``TICK_S``. The
-searches run under the current rules and under those they replaced (the saturation cut judged at
+searches run under the current rules and under those they replaced (a claim a look passed early
+stood without being served whole; the saturation cut judged at
 every tick of the monitor; a look decided on however few outcomes it knew; an undecided step was a
 fail, whatever its attainment; the monitor cut on growth over each half of its window), which
 ``tests/benchmarks/_previous_rules.py`` keeps only to compare, on the same seeds. The truth is the
@@ -25,7 +26,7 @@ import argparse
 import statistics
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -90,12 +91,14 @@ def simulate_step(server: Server, rate: float, plan: CapacityPlan, seed: int, ho
     return watch.ended(seen_at(rows, duration), [], duration, reason)
 
 
-def one_search(server: Server, plan: CapacityPlan, seed: int) -> dict[str, Any]:
+def one_search(server: Server, plan: CapacityPlan, seed: int, confirm: bool = True) -> dict[str, Any]:
+    """One search; without ``confirm``, as before claims were served whole: every step reads as served
+    to its end, so the search never serves a rate again."""
     served: list[Measured] = []
 
     def measure(rate: float, hold: bool = False) -> Measured:
         served.append(simulate_step(server, rate, plan, seed * 1000 + len(served), hold))
-        return served[-1]
+        return served[-1] if confirm else replace(served[-1], held=True)
 
     result = search_capacity(measure, plan).results["interactive"]
     return {
@@ -152,10 +155,12 @@ def main() -> None:
     parser.add_argument("--searches", type=int, default=20, help="searches per rule (paired as drive 1, drive 2)")
     args = parser.parse_args()
     run_stamp, before = _report.stamp(), _report.machine()
-    rules: dict[str, tuple[CapacityPlan, tuple[int, float] | None]] = {
-        "current": (PLAN, None), "capacity check 8": (EveryTickPlan(**vars(PLAN)), None),
-        "capacity check 7": (AnySamplePlan(**vars(PLAN)), None),
-        "capacity check 6": (PreviousPlan(**vars(PLAN)), (2, 2.0)),
+    # rule -> its plan, its saturation cut's parts (None: the current), whether claims are served whole
+    rules: dict[str, tuple[CapacityPlan, tuple[int, float] | None, bool]] = {
+        "current": (PLAN, None, True), "capacity check 9": (PLAN, None, False),
+        "capacity check 8": (EveryTickPlan(**vars(PLAN)), None, False),
+        "capacity check 7": (AnySamplePlan(**vars(PLAN)), None, False),
+        "capacity check 6": (PreviousPlan(**vars(PLAN)), (2, 2.0), False),
     }  # fmt: skip
     header = [
         "rule", "searches", "median req/s", "min", "max", "median / knee", "pairs within 10%",
@@ -171,9 +176,9 @@ def main() -> None:
             return float(np.interp(rate, TRUTH_RATES, curve))
 
         runs = {}
-        for rule, (plan, cut_parts) in rules.items():
+        for rule, (plan, cut_parts, confirm) in rules.items():
             with saturation_parts(*cut_parts) if cut_parts else nullcontext():
-                runs[rule] = [one_search(server, plan, seed) for seed in range(args.searches)]
+                runs[rule] = [one_search(server, plan, seed, confirm) for seed in range(args.searches)]
         lives = [float(r["done_s"]) - float(r["sent_s"]) for r in server.served(knee, TRUTH_S, TRUTH_SEEDS[0])]
         curve_md = ", ".join(f"{r:g}: {a:.3f}" for r, a in zip(TRUTH_RATES, curve, strict=True) if 2.0 <= r <= 6.0)
         parts += [
@@ -197,7 +202,10 @@ def main() -> None:
         "drives of one boot are. The rules share seeds. *current*: a look decides a step only on at least "
         f"{PLAN.min_requests} requests whose outcome is known, an undecided step at or above the target does not "
         "cap the search (it never counts as a pass), and the monitor's saturation cut needs growth over each "
-        f"third of its window, judged every {PLAN.saturation_every_s:g} s; *capacity check 8*: the same, the "
+        f"third of its window, judged every {PLAN.saturation_every_s:g} s, and a claim a look passed early is "
+        "served again, whole, before the search stops on it, and stands unless that step refutes it (then "
+        "every later step is served whole); *capacity check 9*: the same without that confirmation; "
+        "*capacity check 8*: as 9, the "
         "saturation cut judged at every tick of the monitor; *capacity check 7*: as 8, but a look decided on "
         "however few outcomes it knew (the rules of that H200 run); *capacity check 6*: looks as in 7, every "
         "undecided step a fail, and the cut on growth over each half. The columns *at the claim* and *at 1.2x* "

@@ -512,9 +512,10 @@ class CapacitySearch:
     A capacity is a pass that held for a step's whole length. A look may pass a step early, which is
     enough to climb past it; but before the search stops on a capacity whose step a look passed
     early, it serves that rate again to its end (``confirming``; the caller serves a step whole when
-    ``whole`` says so, looks deciding only fails). That step then stands for the rate; if it does not
-    pass, the search goes on below it, and from then on serves every step whole: the early looks
-    have been shown to flatter this server. At the knee the queue can build after a look has passed:
+    ``whole`` says so, looks deciding only fails). The claim stands if that step upholds it: it
+    passed, or it is undecided at or above the target and clean (``leans_pass``). Otherwise that step
+    stands for the rate, the search goes on below it, and from then on serves every step whole: the
+    early looks have been shown to flatter this server. At the knee the queue can build after a look has passed:
     on the CPU build a step passed at its first look, and the same rate served for the length
     ``tuner verify`` runs did not hold (reports/capacity.md, section "Capacity you can trust"). A
     confirmation is not counted against ``max_steps``: a search never stops on a claim it has not
@@ -554,13 +555,18 @@ class CapacitySearch:
         self.confirming = False  # the rate next_rate gave is a claim's confirmation
         self.whole = False  # the rate next_rate gave is to be served whole: a confirmation, or any step
         # once a confirmation failed
-        self.misled = False  # a confirmation failed: the looks' early passes flatter this server
+        self.misled = False  # a confirmation refuted its claim: the looks' early passes flatter this server
+
+    def _upheld(self, step: Step) -> bool:
+        """Whether a step served whole upholds a look's early pass at its rate: it passed, or it is
+        undecided at or above the target and clean (``leans_pass``): nothing in it refutes the pass."""
+        return step.passed or leans_pass(step, self.target)
 
     def judged(self) -> list[Step]:
         """The steps the search reads: a rate served whole stands for that rate, so the steps a look
-        ended early at a rate later served whole are left out."""
-        whole = {s.rate_req_s for s in self.steps if s.held}
-        return [s for s in self.steps if s.held or s.rate_req_s not in whole]
+        ended early at a rate later served whole are left out, unless the whole step upholds them."""
+        refuted = {s.rate_req_s for s in self.steps if s.held and not self._upheld(s)}
+        return [s for s in self.steps if s.held or s.rate_req_s not in refuted]
 
     def lowest_fail(self) -> float | None:
         """The lowest rate that did not pass and does not lean to a pass (``leans_pass``): the ceiling."""
@@ -587,13 +593,14 @@ class CapacitySearch:
         at = [s for s in self.judged() if s.passed and s.rate_req_s == best]
         # served once already and still not whole (a caller that cannot serve a step whole, such as a
         # replay of recorded steps): asking again would loop
-        served = sum(1 for s in self.steps if s.rate_req_s == best)
-        return best if at and not any(s.held for s in at) and served < 2 else None
+        served = [s for s in self.steps if s.rate_req_s == best]
+        upheld = any(s.held and self._upheld(s) for s in served)
+        return best if at and not upheld and len(served) < 2 else None
 
     def record(self, step: Step, measured: bool = True) -> None:
         """Add a step; ``measured=False`` for a rate another tier's search already served, which
         cost nothing and so does not count against ``max_steps``."""
-        if self.confirming and not step.passed:
+        if self.confirming and not self._upheld(step):
             self.misled = True
         self.steps.append(step)
         self.measured += measured and not self.confirming

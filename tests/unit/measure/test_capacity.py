@@ -17,6 +17,7 @@ from tests.batching_server import batched_rows, seen_at
 from tuner.errors import ConfigError
 from tuner.measure.capacity import (
     MIN_WATCH_S,
+    UNDECIDED,
     CapacityResult,
     CapacitySearch,
     Step,
@@ -639,3 +640,25 @@ def test_the_stored_record_names_the_step_served_whole_as_the_one_at_capacity() 
     stored = json.loads(json.dumps(result.as_dict()))
     at = step_at_capacity(stored)
     assert at is not None and at["held"] and at["attainment"] == pytest.approx(early[1].attainment)
+
+
+@pytest.mark.parametrize(("whole", "upheld"), [(0.93, True), (0.88, False)])
+def test_a_confirmation_undecided_above_the_target_upholds_the_claim_and_one_below_refutes_it(
+    whole: float, upheld: bool
+) -> None:
+    # A step served whole near the knee is often undecided: its interval spans the target. At or above
+    # the target nothing in it refutes the look's early pass, and the claim stands (on a simulated
+    # server, taking it for a refutation made claims far under the knee: reports/capacity.md, "The
+    # search on a known server"). Below the target it refutes the pass, as 7.54 req/s did on the H200.
+    search = CapacitySearch(start_rate=1.0, max_steps=10)
+    while (rate := search.next_rate()) is not None:
+        if search.whole and rate == 8.0:
+            search.record(replace(judged_step(rate, whole, 0.9), decision=UNDECIDED, passed=False))
+        elif search.whole:
+            search.record(judged_step(rate, 1.0 if rate < 8.0 else 0.0, 0.9))
+        else:
+            search.record(replace(judged_step(rate, 1.0 if rate <= 8.0 else 0.0, 0.9), held=rate > 8.0))
+    result = search.result()
+    assert (result.capacity_req_s == 8.0) is upheld and search.misled is not upheld
+    assert result.capacity_req_s >= 8.0 / 1.1 - 1e-9 or not upheld
+    assert [s.rate_req_s for s in result.steps].count(8.0) == 2, "the claim was served again, whole"
