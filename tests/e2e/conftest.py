@@ -93,9 +93,11 @@ def capacity_of(steps: list[dict[str, Any]], target: float) -> float:
     """The capacity a search's recorded steps give: the highest pass below every fail, a fail being a
     step that did not pass, other than one that leans to a pass (``leans_pass``: only undecided, at or
     above the target), which the search climbs past (docs/metrics.md). A rate served whole to confirm a
-    claim stands for that rate: the early look's step there is left out."""
-    whole = {s["rate_req_s"] for s in steps if s.get("held", True)}
-    steps = [s for s in steps if s.get("held", True) or s["rate_req_s"] not in whole]
+    claim stands for that rate where it refutes the early look's pass (it neither passed nor leans to a
+    pass): the early step there is then left out."""
+    refuted = {s["rate_req_s"] for s in steps
+               if s.get("held", True) and not s["passed"] and not leans_pass(Step(**s), target)}  # fmt: skip
+    steps = [s for s in steps if s.get("held", True) or s["rate_req_s"] not in refuted]
     fails = [s["rate_req_s"] for s in steps if not s["passed"] and not leans_pass(Step(**s), target)]
     return max((s["rate_req_s"] for s in steps if s["passed"] and s["rate_req_s"] < min(fails, default=math.inf)),
                default=0.0)  # fmt: skip
