@@ -515,8 +515,8 @@ class CapacitySearch:
     ``whole`` says so, looks deciding only fails). The claim stands if that step upholds it: it
     passed, or it is undecided at or above the target and clean (``leans_pass``). Otherwise that step
     stands for the rate, the search goes on below it, and from then on serves every step whole: the
-    early looks have been shown to flatter this server. At the knee the queue can build after a look has passed:
-    on the CPU build a step passed at its first look, and the same rate served for the length
+    early looks have been shown to flatter this server. At the knee the queue can build after a look
+    has passed: on the CPU build a step passed at its first look, and the same rate served for the length
     ``tuner verify`` runs did not hold (reports/capacity.md, section "Capacity you can trust"). A
     confirmation is not counted against ``max_steps``: a search never stops on a claim it has not
     served whole.
@@ -554,7 +554,7 @@ class CapacitySearch:
         self.stop_reason: str | None = None
         self.confirming = False  # the rate next_rate gave is a claim's confirmation
         self.whole = False  # the rate next_rate gave is to be served whole: a confirmation, or any step
-        # once a confirmation failed
+        # once a confirmation refuted its claim
         self.misled = False  # a confirmation refuted its claim: the looks' early passes flatter this server
 
     def _upheld(self, step: Step) -> bool:
@@ -577,7 +577,7 @@ class CapacitySearch:
         """The highest rate below ``ceiling`` that passed or leans to a pass: where the knee is above."""
         leaning = [
             s.rate_req_s for s in self.judged()
-            if (s.passed or leans_pass(s, self.target)) and (ceiling is None or s.rate_req_s < ceiling)
+            if self._upheld(s) and (ceiling is None or s.rate_req_s < ceiling)
         ]  # fmt: skip
         return max(leaning, default=0.0)
 

@@ -237,7 +237,7 @@ def describe_report(report: Mapping[str, Any]) -> list[str]:
         if run.get("queue_growing") is not None:
             waiting = run.get("queue_waiting") or []
             trend = "kept growing" if run["queue_growing"] else "did not keep growing"
-            lines.append(f"  the server's waiting queue {trend} over the run at {run['share']:g}x "
+            lines.append(f"  the server's waiting queue {trend} while the client sent at {run['share']:g}x "
                          f"({len(waiting)} samples, {min(waiting):g}-{max(waiting):g} waiting)")  # fmt: skip
     return lines
 
