@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-.gpubundle}
-PIECE=${PIECE:-33554432}  # 32 MiB: with the working tree (18 MiB on 2026-12-03, growing) under the 64 MiB a call carries; 50 MiB was refused
+PIECE=${PIECE:-25165824}  # 24 MiB: with the working tree (30 MiB on 2026-12-04, growing) under the 64 MiB a call carries; 50 MiB was refused
 # A set that download_bundle.sh left out (SETS="tuner vllm": no sglang) keeps its tracked wheels-*.txt
 # and travels empty: the stream then holds no SGLang wheels, only the B.DONE marker after A.DONE.
 for s in tuner vllm sglang; do [ ! -f "$B/sets/$s.txt" ] || cp "$B/sets/$s.txt" "scripts/gpu/wheels-$s.txt"; done

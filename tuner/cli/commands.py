@@ -20,6 +20,7 @@ from tuner.report.html import write_report
 from tuner.report.trials_table import trials_table
 from tuner.search.drive_server import drive_capacity, drive_url, failed_beyond_limit
 from tuner.search.plan import plan as make_plan
+from tuner.search.plan import planned_gpu
 from tuner.search.preview import preview
 from tuner.search.resolve import parse_slo_flags
 from tuner.search.run import SearchOptions, run_search
@@ -195,9 +196,12 @@ def plan(args: argparse.Namespace) -> int:
     study = None
     if args.study is not None:  # its trials rank the plan by predicted capacity
         study = load_existing(args.study, storage_url(args.study, args.storage, reading=True))
+    if args.gpu_name is not None and args.gpu_memory is None:
+        raise ConfigError("--gpu-name: give the planned GPU's memory too (--gpu-memory GIB)")
+    gpu = None if args.gpu_memory is None else planned_gpu(args.gpu_memory, args.gpu_name)
     rows = make_plan(
         args.space, args.engines, args.n, args.seed, args.model, args.drafts, engine_envs(args.engine_env),
-        study, engine_versions(args.engine_version), say=lambda line: print(line, file=sys.stderr),
+        study, engine_versions(args.engine_version), say=lambda line: print(line, file=sys.stderr), gpu=gpu,
     )  # fmt: skip
     for row in rows:
         print(json.dumps(row))

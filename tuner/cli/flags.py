@@ -265,6 +265,11 @@ def _plan_flags(p: argparse.ArgumentParser) -> None:
         "--engine-version", action="append", default=[], metavar="ENGINE=VERSION",
         help="plan for this supported version of the engine (default: the one installed, else the newest)",
     )  # fmt: skip
+    p.add_argument(
+        "--gpu-memory", type=_number_in(0, 1e6, "a GPU's memory in GiB, above 0", low_open=True), metavar="GIB",
+        help="plan for a GPU of this much memory, not the one visible here (its memory sets engine defaults)",
+    )  # fmt: skip
+    p.add_argument("--gpu-name", help="the planned GPU's name as the driver reports it (with --gpu-memory)")
 
 
 def _drive_flags(r: argparse.ArgumentParser) -> None:

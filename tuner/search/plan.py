@@ -1,14 +1,16 @@
 """``tuner plan``: the exact commands N trials would start, sampled from the space; boots nothing.
 
 It works for every engine on any machine (SGLang on a machine without a GPU included): where an
-engine's environment is missing, the argv names plain ``python3`` and the newest version the
-adapter supports, and the device is taken to be a GPU: the one visible here, else one of unknown
-memory. ``--engine-version ENGINE=VERSION`` plans for another supported version the same way. The
-port is the engine's default one. A speculative method the space lists that an engine, its version,
-its environment or the model cannot run is left out of that engine's space with one line (``say``)
-saying why, and so is each sampled config the engine's own validation at that version refuses on
-that device (``EngineAdapter.refusal``); another is sampled in its place, so every row printed is
-one the engine accepts as far as its adapter knows.
+engine's environment is missing, the argv names plain ``python3`` and the newest version the adapter
+supports, and the device is taken to be a GPU: the one given (``--gpu-memory``, to plan here for a
+GPU of another machine), else the one visible here, else one of unknown memory (the engines'
+defaults that grow with a GPU's memory, such as a sequence limit or a token budget, then take their
+smallest values). ``--engine-version ENGINE=VERSION`` plans for another supported version the same
+way. The port is the engine's default one. A speculative method the space lists that an engine, its
+version, its environment or the model cannot run is left out of that engine's space with one line
+(``say``) saying why, and so is each sampled config the engine's own validation at that version
+refuses on that device (``EngineAdapter.refusal``); another is sampled in its place, so every row
+printed is one the engine accepts as far as its adapter knows.
 
 The space's ``enqueue:`` configs come first, each row's ``kind`` ``enqueued`` (``sampled`` for the
 rest), as a search boots them right after the engine defaults; ``n`` counts the sampled rows only.
@@ -64,10 +66,13 @@ def plan(
     study: optuna.Study | None = None,
     versions: dict[str, str] | None = None,
     say: Callable[[str], None] = lambda line: None,
+    gpu: Device | None = None,
 ) -> list[dict[str, Any]]:
     """The space's enqueued configs' launches, then ``n`` sampled ones'; with a capacity ``study``
     that has served trials, each sampled one with the capacity its model predicts
-    (``tuner.search.model.ranking``), highest first."""
+    (``tuner.search.model.ranking``), highest first. ``gpu``: the GPU planned for (default: the one
+    visible here, else one of unknown memory); an engine installed here as a CPU build is planned
+    for this machine's CPU whatever it says."""
     if n < 1:
         raise ConfigError(f"--n must be at least 1, got {n}")
     space = load_space(space_path)
@@ -91,7 +96,7 @@ def plan(
     sampling = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     for point in points:  # read back through suggest, as a search trial reads them
         sampling.enqueue_trial(point)
-    gpu = _gpu()
+    gpu = gpu or _gpu()
 
     def launch_row(kind: str) -> dict[str, Any] | None:
         """The next trial's config as a row, or None where the engine's own validation refuses it."""
@@ -121,6 +126,12 @@ def plan(
     if study is None:
         return first + rows
     return first + rank(rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})
+
+
+def planned_gpu(memory_gib: float, name: str | None = None) -> Device:
+    """A GPU of another machine, to plan for: its memory in GiB and its name as the driver reports
+    it, which an engine's defaults may read too (``EngineAdapter.scheduler_limits``)."""
+    return Device("cuda", name or f"NVIDIA GPU (planned, {memory_gib:g} GiB)", int(memory_gib * 2**30))
 
 
 def _gpu() -> Device:

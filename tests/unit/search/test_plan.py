@@ -169,6 +169,38 @@ def test_a_config_the_engines_validation_refuses_is_left_out_with_one_line(
     assert all('"chunk_size": 128' in line and "leaving none to schedule" in line for line in left_out)
 
 
+H200_SPACE = """
+engines: [vllm]
+parameters:
+  chunk_size: {choices: [1024, 8192]}
+  spec_method: {choices: [draft_model]}
+  num_speculative_tokens: {choices: [1]}
+  draft_model: {choices: [draft-1l]}
+"""
+
+
+def test_a_gpu_of_another_machine_is_planned_by_its_memory(dirs: Dirs, tmp_path: Path) -> None:
+    """vLLM 0.26 gives a GPU of 70 GiB or more (an A100 apart) 1024 default sequences, and reserves a
+    draft slot for each: chunk 1024 leaves none to schedule on an H200, while on a GPU of unknown
+    memory (the smallest defaults, 256 sequences) it is planned. The name reaches the engine's rule."""
+    space = tmp_path / "space.yaml"
+    space.write_text(H200_SPACE)
+    base = ("--workload", "rag", "--space", str(space), "--engine-version", "vllm=0.26.0", "--n", "6")
+    h200 = _plan(dirs, *base, "--gpu-memory", "140.4", "--gpu-name", "NVIDIA H200")
+    unknown = _plan(dirs, *base)
+    a100 = _plan(dirs, *base, "--gpu-memory", "80", "--gpu-name", "NVIDIA A100-SXM4-80GB")
+    for run in (h200, unknown, a100):
+        assert run.returncode == 0, run.stderr
+    assert {r["params"]["chunk_size"] for r in h200.rows()} == {8192}
+    assert "reserves 1 draft slot(s) for each of 1024 sequences out of 1024 batched tokens" in h200.stderr
+    assert {r["params"]["chunk_size"] for r in unknown.rows()} == {1024, 8192}, unknown.stderr
+    assert {r["params"]["chunk_size"] for r in a100.rows()} == {1024, 8192}, a100.stderr
+    alone = _plan(dirs, *base, "--gpu-name", "NVIDIA H200")
+    assert alone.returncode == 2 and alone.stderr.startswith("tuner: --gpu-name: "), alone.stderr
+    zero = _plan(dirs, *base, "--gpu-memory", "0")
+    assert zero.returncode == 2 and "--gpu-memory" in zero.stderr, zero.stderr
+
+
 def test_both_engines_are_planned_without_a_gpu(seed3: Run) -> None:
     """SGLang needs a GPU to run, not to be planned: plan shows its commands on any machine."""
     assert {row["engine"] for row in seed3.rows()} == {"vllm", "sglang"}
