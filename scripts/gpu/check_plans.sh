@@ -43,6 +43,10 @@ for p, v in zip(plans, verdicts):
     tally[key] += 1
     if not v["ok"]:
         print("REJECTED", json.dumps(params), v["error"])
+    elif v.get("speculative") and v.get("num_speculative_tokens") != params.get("num_speculative_tokens"):
+        print("K NOT AS PLANNED", json.dumps(params), "parsed K", v.get("num_speculative_tokens"))
+    elif params.get("spec_method", "off") != "off" and not v.get("speculative"):
+        print("SPECULATION OFF", json.dumps(params))
 print(f"{len(verdicts)} verdicts for {len(plans)} plans")
 for (version, method, draft, ok, parsed), n in sorted(tally.items(), key=str):
     print(f"{sys.argv[3]} {version} {method} {draft}: ok={ok} parsed method={parsed} x{n}")

@@ -172,7 +172,9 @@ def checked(engine: tuple[EngineAdapter, EngineEnv], model: ModelSpec, mtp_model
     )
     mtp = _launches(adapter, env, mtp_model, discrete_points(adapter, env, mtp_model, Space.model_validate(MTP_SPACE)))
     device = DEVICES[adapter.name][0]
-    dead_flag = {"vllm": ["--speculative-model", model.drafts["draft-2l"]], "sglang": ["--cuda-graph-max-bs", "8"]}
+    # flags each engine once took and every supported version refuses (SGLang 0.5.17 still takes
+    # --cuda-graph-max-bs, which 0.5.23 dropped; --enable-flashinfer-mla went before both)
+    dead_flag = {"vllm": ["--speculative-model", model.drafts["draft-2l"]], "sglang": ["--enable-flashinfer-mla"]}
     dead = adapter.launch(Config(adapter.name, {}), model, device, 8000, env.python, env.version)
     extra = [[*dead.args, *dead_flag[adapter.name]]]
     if "suffix" in adapter.spec_methods:

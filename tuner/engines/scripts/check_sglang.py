@@ -5,13 +5,15 @@ stdout: one JSON object per argv: {"ok", "error", "speculative", "method", "num_
 "num_draft_tokens", "eagle_topk", "chunked_prefill_size", "max_running_requests", "mem_fraction_static"}.
 
 Each argv goes through what the server does before it starts the engine: the argument parser
-(``prepare_server_args``, exit 2 on a bad flag), then ``ServerArgs.resolve_once()`` (ValueError /
-AssertionError on a rejected combination). Resolution probes the accelerator, so ``--device cpu`` is
-appended for this check only (it must never reach a real launch): without a GPU, resolution of the
-default device fails. Values SGLang derives from device memory (``mem_fraction_static``,
-``chunked_prefill_size`` when not given) are therefore the CPU ones; values given in the argv are exact.
-Resolved values live in SGLang's resolution stash, not on the record, so they are read through
-``resolution_result``.
+(``prepare_server_args``, exit 2 on a bad flag), then the resolution of the record (ValueError /
+AssertionError on a rejected combination): ``ServerArgs.resolve_once()`` from 0.5.23 on, while
+0.5.17 resolves inside ``prepare_server_args`` (the dataclass's ``__post_init__``). Resolution
+probes the accelerator, so ``--device cpu`` is appended for this check only (it must never reach a
+real launch): without a GPU, resolution of the default device fails. Values SGLang derives from
+device memory (``mem_fraction_static``, ``chunked_prefill_size`` when not given) are therefore the
+CPU ones; values given in the argv are exact. From 0.5.23 resolved values live in SGLang's
+resolution stash, not on the record, so they are read through ``resolution_result``; 0.5.17 writes
+them onto the record's fields at the end of its ``__post_init__``.
 """
 
 from __future__ import annotations
@@ -41,15 +43,26 @@ def _error(exc: BaseException) -> str:
     return " ".join(message.split())[:500]
 
 
+def _reader() -> Any:
+    """How a resolved field is read in this version: ``(server_args, field) -> value``."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolution_result
+    except ImportError:  # 0.5.17: the fields themselves carry the resolved values
+        return getattr
+    return resolution_result
+
+
 def check(argv: list[str]) -> dict[str, Any]:
-    from sglang.srt.arg_groups.overrides import resolution_result
     from sglang.srt.server_args import prepare_server_args
 
+    resolution_result = _reader()
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(sys.stderr):
             server_args = prepare_server_args([*argv, "--device", "cpu"])
-            server_args.resolve_once()
+            resolve = getattr(server_args, "resolve_once", None)
+            if resolve is not None:  # 0.5.23: resolution is its own pass; 0.5.17 ran it above
+                resolve()
     except SystemExit:
         lines = [line for line in err.getvalue().splitlines() if "error" in line] or err.getvalue().splitlines()
         return {"ok": False, "error": (lines[-1] if lines else "rejected by the argument parser")}
