@@ -482,16 +482,23 @@ class CapacityResult:
         return self.capacity_req_s, lowest_not_passed(self.steps, above=self.capacity_req_s)
 
     def at_capacity(self) -> Step | None:
-        """The step the capacity was decided at, the one that held its whole length where a look passed
-        the rate early first (None when nothing passed)."""
-        at = [s for s in self.steps if s.passed and s.rate_req_s == self.capacity_req_s]
-        return next((s for s in at if s.held), at[0] if at else None)
+        """The step the capacity was decided at (None when nothing passed)."""
+        index = self.at_capacity_index()
+        return None if index is None else self.steps[index]
+
+    def at_capacity_index(self) -> int | None:
+        """Where in ``steps`` the capacity was decided: the passing step at the capacity's rate, the one
+        that held its whole length where a look passed the rate early first. The one definition: the
+        stored record keeps this index (``at_step``) for readers of the study."""
+        at = [i for i, s in enumerate(self.steps) if s.passed and s.rate_req_s == self.capacity_req_s]
+        return next((i for i in at if self.steps[i].held), at[0] if at else None)
 
     def as_dict(self) -> dict[str, Any]:
         at = self.at_capacity()
         return {
             "capacity_req_s": self.capacity_req_s,
             "bracket_req_s": list(self.bracket_req_s),
+            "at_step": self.at_capacity_index(),
             "attainment_interval": None if at is None else [at.attainment_low, at.attainment_high],
             "stop_reason": self.stop_reason,
             "pruned": self.pruned,

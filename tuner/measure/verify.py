@@ -192,9 +192,9 @@ class QueueWatch:
         kept = [(t - start, n) for t, n in self.samples if start <= t <= self.ended_s]
         return [(t, n) for t, n in kept if trim * send_s <= t <= (1 - trim) * send_s]
 
-    def growing(self, duration_s: float, send_s: float, rate: float) -> bool | None:
-        """Whether the queue kept growing while the client sent, as a step's is judged (None: not sampled)."""
-        kept = self.window(duration_s, send_s)
+    def growing(self, kept: list[tuple[float, float]], rate: float) -> bool | None:
+        """Whether the queue kept growing over ``kept`` (``window``'s samples), as a step's is judged
+        (None: not sampled)."""
         if self.gauge is None or len(kept) < 3:
             return None
         return growing([t for t, _ in kept], [n for _, n in kept], rate)

@@ -155,9 +155,10 @@ class _Run:
         # the server's waiting queue while the client sent (its last send, else its schedule): attainment
         # over one step's length cannot show a queue still building at its end (None: no such gauge)
         send_s = max(float(r["sent_s"]) for r in bench.rows) if bench.timed and bench.rows else n / rate
+        kept = queue.window(bench.duration_s, send_s)
         return {"share": share, "rate_req_s": rate, "argv": argv, "notes": chosen.notes, "tiers": verdicts,
-                "goal_met": goal, "queue_growing": queue.growing(bench.duration_s, send_s, rate),
-                "queue_waiting": [round(n, 1) for _, n in queue.window(bench.duration_s, send_s)]}  # fmt: skip
+                "goal_met": goal, "queue_growing": queue.growing(kept, rate),
+                "queue_waiting": [round(n, 1) for _, n in kept]}  # fmt: skip
 
 
 def _goal(share: float, attainment: float, target: float) -> bool:

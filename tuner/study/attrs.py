@@ -203,12 +203,20 @@ def _queued(study: optuna.Study, kind: str) -> list[dict[str, Any]]:
 
 
 def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The stored step a tier's capacity record (``CapacityResult.as_dict``) was decided at: the passing
-    step at its capacity, the one served whole where a look passed the rate early first (None: nothing
-    passed, or a malformed record)."""
+    """The stored step a tier's capacity record (``CapacityResult.as_dict``) was decided at, as the
+    search named it (``at_step``: ``CapacityResult.at_capacity_index``); None: nothing passed, or a
+    malformed record. A record stored before ``at_step`` existed is read as the search then decided:
+    the passing step at the capacity's rate, the one served whole where a look had passed the rate
+    early (``held``; older records lack it, and each of their steps stood as decided)."""
     steps = tier.get("steps")
-    rows = [r for r in steps if isinstance(r, dict)] if isinstance(steps, list) else []
-    at = [r for r in rows if r.get("passed") and r.get("rate_req_s") == tier.get("capacity_req_s")]
+    if not isinstance(steps, list):
+        return None
+    if "at_step" in tier:
+        index = tier["at_step"]
+        ok = isinstance(index, int) and 0 <= index < len(steps) and isinstance(steps[index], dict)
+        return steps[index] if ok else None
+    rate = tier.get("capacity_req_s")
+    at = [r for r in steps if isinstance(r, dict) and r.get("passed") and r.get("rate_req_s") == rate]
     return next((r for r in at if r.get("held", True)), at[0] if at else None)
 
 

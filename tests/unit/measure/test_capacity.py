@@ -640,6 +640,11 @@ def test_the_stored_record_names_the_step_served_whole_as_the_one_at_capacity() 
     stored = json.loads(json.dumps(result.as_dict()))
     at = step_at_capacity(stored)
     assert at is not None and at["held"] and at["attainment"] == pytest.approx(early[1].attainment)
+    assert stored["steps"][stored["at_step"]] == at, "the record names the step the search decided at"
+    legacy = {k: v for k, v in stored.items() if k != "at_step"}  # a record stored before at_step
+    assert step_at_capacity(legacy) == at
+    assert step_at_capacity({**stored, "at_step": None}) is None
+    assert step_at_capacity({**stored, "at_step": len(stored["steps"])}) is None, "a malformed index names none"
 
 
 @pytest.mark.parametrize(("whole", "upheld"), [(0.93, True), (0.88, False)])

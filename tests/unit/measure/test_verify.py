@@ -103,7 +103,8 @@ def test_the_queue_while_the_client_sends_is_judged_as_a_steps_without_its_start
     drain = [(float(t), max(0.0, 60.0 - 6.0 * (t - 90))) for t in range(90, 100)]
     watch.samples = startup + flat + drain
     assert [t for t, _ in watch.window(40.0, 30.0)] == [float(t) for t in range(3, 28)]
-    assert watch.growing(40.0, 30.0, rate=10.0) is False
+    assert watch.growing(watch.window(40.0, 30.0), rate=10.0) is False
     watch.samples = startup + [(float(t), 2.0 * (t - 60)) for t in range(60, 90)] + drain
-    assert watch.growing(40.0, 30.0, rate=10.0) is True, "2 more waiting each second at 10 req/s, then a drain"
-    assert QueueWatch("http://127.0.0.1:9", None).growing(40.0, 30.0, rate=10.0) is None, "no gauge: not judged"
+    rising = watch.window(40.0, 30.0)
+    assert watch.growing(rising, rate=10.0) is True, "2 more waiting each second at 10 req/s, then a drain"
+    assert QueueWatch("http://127.0.0.1:9", None).growing(rising, rate=10.0) is None, "no gauge: not judged"
