@@ -366,7 +366,7 @@ FLAG_RANGES: dict[str, tuple[type[int] | type[float], Callable[[float], bool]]] 
     "--resolution": (float, lambda v: v > 0), "--burstiness": (float, lambda v: v >= 1e-3),
     "--attainment": (float, lambda v: 0 < v <= 1), "--gpu-price": (float, lambda v: v > 0),
     "--duration-s": (float, lambda v: v > 0), "--prefix-reuse": (float, lambda v: 0 <= v <= 0.9),
-    "--confidence": (float, lambda v: 0 < v < 1),
+    "--confidence": (float, lambda v: 0 < v < 1), "--gpu-memory": (float, lambda v: 0 < v <= 1e6),
 }  # fmt: skip
 EDGES = ["-1", "0", "1", "65535", "65536", "4294967295", "4294967296", "1e-3", "0.0009", "0.5", "1.5", "-0"]
 
