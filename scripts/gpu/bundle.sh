@@ -17,6 +17,10 @@ if [ -f "$B/sets/sglang.txt" ]; then sort -u "$B/sets/sglang.txt" | comm -23 - "
 echo a > "$B/wheels/A.DONE"; echo b > "$B/wheels/B.DONE"
 rm -rf "$B/pieces"; mkdir -p "$B/pieces"
 cat "$B/a.list" <(echo A.DONE) "$B/b.list" <(echo B.DONE) > "$B/stream.list"
-tar -C "$B/wheels" -cf - -T "$B/stream.list" | split -b "$PIECE" -d -a 2 - "$B/pieces/p."
+# A stream of fixed metadata (times, owners, modes; the list's order): the same wheels give the same
+# pieces and checksums on any machine, so the committed bundle.sha256 stays true when a fresh checkout
+# downloads the wheels again.
+tar -C "$B/wheels" --format=gnu --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=0644 \
+  -cf - -T "$B/stream.list" | split -b "$PIECE" -d -a 2 - "$B/pieces/p."
 (cd "$B/pieces" && sha256sum p.*) > scripts/gpu/bundle.sha256
 ls -l "$B/pieces" | awk '{print $5, $9}' | tr '\n' ' '; echo
