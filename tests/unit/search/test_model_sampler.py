@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.unit.search.offers import model_of, offers
 from tests.unit.search.test_model import CPU, OVERHEAD, PLAN, SHAPES, _truth
 from tuner.engines.base import Config, ModelSpec
 from tuner.engines.env import EngineEnv
@@ -21,7 +22,7 @@ from tuner.search.model.sampler import PREDICTED, ModelContext, ModelSampler
 from tuner.search.model.simulate import Limits
 from tuner.search.objective import SearchObjective
 from tuner.search.scoring import directions
-from tuner.search.space import Space
+from tuner.search.space import Space, distributions, suggest
 from tuner.search.speculation import engines_at, study_offers
 from tuner.study.attrs import enqueue_defaults
 from tuner.workloads.base import Workload
@@ -80,3 +81,36 @@ def test_from_its_second_trial_on_it_boots_what_the_engine_carries_best() -> Non
     said = first[PREDICTED]["tiers"]["interactive"]["capacity_req_s"]
     assert said == pytest.approx(first["metrics"]["capacity_interactive_req_s"], rel=0.15)
     assert trials[2].params != trials[1].params  # a config once tried is never proposed again
+
+
+DRAFT_SPACE = Space.model_validate({
+    "engines": ["vllm"],
+    "parameters": {"chunk_size": {"choices": [256, 2048]}, "num_speculative_tokens": {"choices": [0, 2]},
+                   "draft_model": {"choices": ["draft-2l", "draft-1l"]}},
+})  # fmt: skip
+
+
+def test_a_proposal_names_its_draft_and_a_tried_draft_config_is_not_proposed_again() -> None:
+    """The params a proposal carries are all ``suggest`` asks for, the draft included: without it Optuna
+    drew the draft at random and the tried-config check never matched a draft config, so the same
+    config was booted again and again (seen in the search benchmark's replays)."""
+    model = model_of()
+    study_offers_ = offers(DRAFT_SPACE, ["vllm"], model)
+    sampler = ModelSampler(seed=0)
+    sampler.bind(ModelContext(DRAFT_SPACE, {"vllm": VllmAdapter()}, study_offers_, model, CPU, INTERACTIVE, SHAPES, {}))
+    study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
+    dists = distributions(DRAFT_SPACE, study_offers_)
+    tried = {"engine": "vllm", "vllm.chunk_size": 2048, "vllm.spec_method": "draft_model",
+             "vllm.num_speculative_tokens": 2, "vllm.draft_model.draft": "draft-2l"}  # fmt: skip
+    assert set(tried) <= set(dists), sorted(dists)  # the draft's Optuna name as the space asks for it
+    study.add_trial(optuna.trial.create_trial(params=tried, distributions={k: dists[k] for k in tried},
+                                              values=[1.0]))  # fmt: skip
+    proposed = [point for point, _ in sampler._candidates(study, 1)]  # noqa: SLF001
+    assert tried not in proposed
+    drafted = [p for p in proposed if p.get("vllm.spec_method") == "draft_model"]
+    assert drafted and all(p.get("vllm.draft_model.draft") in ("draft-2l", "draft-1l") for p in drafted)
+    assert {**tried, "vllm.draft_model.draft": "draft-1l"} in proposed  # the other draft, same settings
+    for _ in range(6):  # nothing served: seeded random candidates, every param of each from the sampler
+        trial = study.ask()
+        suggest(trial, DRAFT_SPACE, study_offers_, False)  # what the objective asks, as it asks it
+        assert trial.params in proposed, trial.params

@@ -206,8 +206,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         history = observations([t.user_attrs for t in finished])
         out: list[tuple[dict[str, Any], Config]] = []
         for point in points:
-            config = _config(c, point, False)
-            canonical = _asked(point, config)
+            config, canonical = _suggested(c, point, False)
             if canonical in tried or any(canonical == o for o, _ in out):
                 continue
             adapter = c.adapters[config.engine]
@@ -241,13 +240,16 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
 def _config(c: ModelContext, point: Mapping[str, Any], default: bool) -> Config:
     """The config a trial with these Optuna params runs: ``suggest`` itself, on a fixed trial."""
-    trial = cast(optuna.Trial, optuna.trial.FixedTrial(dict(point)))  # it answers every suggest_* as Trial does
-    return suggest(trial, c.space, c.offers, default)
+    return _suggested(c, point, default)[0]
 
 
-def _asked(point: Mapping[str, Any], config: Config) -> dict[str, Any]:
-    """The params a trial records for ``point``: those ``suggest`` asks for (no draft without speculation)."""
-    return {k: v for k, v in point.items() if k == "engine" or k.split(".", 1)[-1] in config.params}
+def _suggested(c: ModelContext, point: Mapping[str, Any], default: bool) -> tuple[Config, dict[str, Any]]:
+    """The config ``point`` runs and the params a trial records for it: exactly those ``suggest``
+    asked for (no draft without speculation; a draft under its method's own name), read off the fixed
+    trial, so a proposal names every param Optuna will ask for and matches a tried trial's params."""
+    fixed = optuna.trial.FixedTrial(dict(point))
+    config = suggest(cast(optuna.Trial, fixed), c.space, c.offers, default)  # answers every suggest_* as Trial does
+    return config, dict(fixed.params)
 
 
 def _draw(dists: Mapping[str, BaseDistribution], rng: random.Random) -> dict[str, Any]:
