@@ -192,6 +192,24 @@ def test_a_draft_never_booted_is_a_range_and_a_booted_one_is_learned_for_every_k
     assert never.capacity_req_s is None and expected_improvement(never, 1.0, 0.2) == math.inf
 
 
+def test_the_target_alone_is_worth_a_boot_until_a_step_without_speculation_served() -> None:
+    """Fitted on speculative steps alone, a target iteration always came with its drafting passes and
+    verify tokens in fixed proportion: the target's own costs are not identified, so a config without
+    speculation keeps its ranking prediction but no range, and is worth a boot."""
+    truth = _truth(drafts={"d": TRUE_DRAFT}, acceptance={"d": 0.7})
+    drafted = _served(truth, {"max_num_seqs": 4, "num_speculative_tokens": 2, "draft_model": "d"})
+    model = EngineModel.fit([drafted], {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)
+    alone = model.predict("vllm", {"max_num_seqs": 4}, None)["relaxed"]
+    assert alone.capacity_req_s is not None and alone.low_req_s is None and alone.high_req_s is None
+    assert "never served without speculation" in alone.basis
+    assert expected_improvement(alone, 1e6, 0.2) == math.inf
+    spec = model.predict("vllm", {"max_num_seqs": 4, "num_speculative_tokens": 2, "draft_model": "d"}, None)
+    assert spec["relaxed"].high_req_s == spec["relaxed"].capacity_req_s  # what it served stays a claim
+    both = EngineModel.fit([drafted, _served(truth, {"max_num_seqs": 1})], {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)
+    known = both.predict("vllm", {"max_num_seqs": 4}, None)["relaxed"]
+    assert known.capacity_req_s is not None and known.low_req_s == known.high_req_s == known.capacity_req_s
+
+
 def test_expected_improvement_prefers_more_and_values_what_is_not_known() -> None:
     def at(c: float, low: float | None = None, high: float | None = None) -> Prediction:
         return Prediction("t", c, low or c, high or c, "")

@@ -13,6 +13,11 @@ What the study has not measured is a range, not a guess:
 * a draft never booted: its acceptance anywhere in [0, 1] and its own costs anywhere between nothing
   and the target's own (a draft is no slower than its target), so the capacity is the range those
   ends give;
+* the target alone, on an engine whose served steps all speculated: in each of them a target
+  iteration came with its drafting passes and verify tokens in fixed proportion, so the fit cannot
+  tell the target's per-iteration and per-sequence costs from the speculation's, and nothing bounds
+  what the target carries alone. Its prediction is kept (the scheduler's own limits still rank such
+  configs) but has no range: it is worth a boot, as an engine never booted is;
 * an engine never booted: no prediction at all.
 
 How far the model itself is off is the study's own record (``model_sigma``): each trial stores what
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from itertools import cycle, islice
 from typing import Any
 
@@ -84,6 +89,7 @@ class EngineModel:
     acceptance: dict[str, dict[str, float]]
     hit: float
     trials: int
+    plain: dict[str, bool] = field(default_factory=dict)  # per engine: some served step ran without speculation
 
     @classmethod
     def fit(
@@ -91,9 +97,10 @@ class EngineModel:
         shapes: Sequence[Shape], start: Mapping[str, Fit] | None = None,
     ) -> EngineModel:  # fmt: skip
         """Fit every engine ``served`` holds (``start``: an earlier model's fits, to start from)."""
-        fits, acceptance = {}, {}
+        fits, acceptance, plain = {}, {}, {}
         for engine in sorted({s.engine for s in served}):
             mine = [s for s in served if s.engine == engine]
+            plain[engine] = any(speculation(s.params, 0.0) is None for s in mine)
             acceptance[engine] = draft_acceptance(mine, engine)
             steps = []
             for s in mine:
@@ -104,7 +111,7 @@ class EngineModel:
                 fits[engine] = fitted
         hits = [hit_rate(step) for s in served for step in s.steps if "prefix_cache_hit_rate" in step.server]
         hit = float(np.median(hits)) if hits else 0.0
-        return cls(adapters, device, plan, list(shapes), fits, acceptance, hit, len(served))
+        return cls(adapters, device, plan, list(shapes), fits, acceptance, hit, len(served), plain)
 
     def predict(self, engine: str, params: Mapping[str, Any], kv_tokens: int | None) -> dict[str, Prediction]:
         """Every scored tier's predicted capacity for a config of ``engine`` with ``params`` and a KV
@@ -122,6 +129,9 @@ class EngineModel:
             theta = fit.theta(spec)
             assert theta is not None
             capacities = self._capacities(limits, theta, spec, fit.overhead_s)
+            if spec is None and not self.plain.get(engine, True):
+                why = f"{engine} never served without speculation: its target's own costs not told from drafting's"
+                return {t: Prediction(t, c, None, None, why) for t, c in capacities.items()}
             why = f"fitted on {fit.steps} steps of {self.trials} trials"
             return {t: Prediction(t, c, c, c, why) for t, c in capacities.items()}
         # never booted: the ends of what it could be

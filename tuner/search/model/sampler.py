@@ -279,13 +279,16 @@ def _central(predictions: Mapping[str, Prediction], tier: str) -> float:
 
 
 def _record(study: optuna.Study, tier: str) -> list[tuple[float, float]]:
-    """(predicted before it booted, measured) capacities of the study's trials under ``tier``."""
+    """(predicted before it booted, measured) capacities of the study's trials under ``tier``; a
+    prediction without a range (``high_req_s`` None: the model said it could not bound it) is no claim
+    of the model's and is left out."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         a = t.user_attrs
         predicted = ((a.get(PREDICTED) or {}).get("tiers") or {}).get(tier) or {}
         measured = (a.get("metrics") or {}).get(f"capacity_{tier}_req_s")
-        if a.get("failure") is None and isinstance(predicted.get("capacity_req_s"), int | float) and measured:
+        claimed = isinstance(predicted.get("capacity_req_s"), int | float) and predicted.get("high_req_s") is not None
+        if a.get("failure") is None and claimed and measured:
             out.append((float(predicted["capacity_req_s"]), float(measured)))
     return out
 
