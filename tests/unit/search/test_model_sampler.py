@@ -90,7 +90,7 @@ DRAFT_SPACE = Space.model_validate({
 })  # fmt: skip
 
 
-def test_a_proposal_names_its_draft_and_a_tried_draft_config_is_not_proposed_again() -> None:
+def test_a_proposal_names_its_draft_a_tried_one_is_not_proposed_again_and_the_target_alone_goes_first() -> None:
     """The params a proposal carries are all ``suggest`` asks for, the draft included: without it Optuna
     drew the draft at random and the tried-config check never matched a draft config, so the same
     config was booted again and again (seen in the search benchmark's replays)."""
@@ -110,7 +110,14 @@ def test_a_proposal_names_its_draft_and_a_tried_draft_config_is_not_proposed_aga
     drafted = [p for p in proposed if p.get("vllm.spec_method") == "draft_model"]
     assert drafted and all(p.get("vllm.draft_model.draft") in ("draft-2l", "draft-1l") for p in drafted)
     assert {**tried, "vllm.draft_model.draft": "draft-1l"} in proposed  # the other draft, same settings
-    for _ in range(6):  # nothing served: seeded random candidates, every param of each from the sampler
+    asked = []
+    for _ in proposed:  # nothing served: seeded random candidates, every param of each from the sampler
         trial = study.ask()
         suggest(trial, DRAFT_SPACE, study_offers_, False)  # what the objective asks, as it asks it
         assert trial.params in proposed, trial.params
+        asked.append(trial.params)
+    # the target alone first (both chunk sizes), while nothing has served: a fit of speculative steps
+    # alone cannot tell the target's costs from the drafting's
+    plain = [p for p in proposed if p["vllm.spec_method"] == "off"]
+    alone = [p["vllm.spec_method"] == "off" for p in asked]
+    assert plain and alone == [i < len(plain) for i in range(len(asked))], asked

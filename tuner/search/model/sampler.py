@@ -14,7 +14,8 @@ proposes:
    engine never booted is worth a boot before anything is predicted for it.
 
 Before anything has served a step (the engine default left out) the first trial is a seeded random
-candidate. Every trial stores what was predicted for it before it booted (``predicted``), the engine
+candidate, without speculation where the space has one (a fit of speculative steps alone cannot tell
+the target's costs from the drafting's: ``tuner.search.model.predict``). Every trial stores what was predicted for it before it booted (``predicted``), the engine
 default and other enqueued trials included, so ``tuner trials`` and the report set predictions
 against measurements, and the model's error on this study is known.
 """
@@ -38,7 +39,7 @@ from tuner.measure.trial import TrialContext
 from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
-from tuner.search.model.history import Served, Shape, served_of
+from tuner.search.model.history import Served, Shape, served_of, speculation
 from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
 from tuner.search.rejections import rejected_like
 from tuner.search.space import Space, distributions, suggest
@@ -117,7 +118,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         scored = [self._score(model, study, point, config, best, sigma) for point, config in candidates]
         rng = random.Random(f"{self._seed}:{trial.number}")
         if not model.fits:  # nothing served yet: nothing to predict from
-            choice = rng.choice(scored)
+            # the target alone first where the space has it: a fit of speculative steps alone cannot
+            # tell the target's costs from the drafting's (tuner.search.model.predict)
+            plain = [s for s in scored if speculation(s.config.params, 0.0) is None]
+            choice = rng.choice(plain or scored)
         else:
             choice = max(scored, key=lambda s: (s.gain, _central(s.predictions, c.plan.scored[0]), rng.random()))
         self._store(study, trial, choice.predictions, choice.gain, len(candidates))
