@@ -15,9 +15,10 @@ proposes:
 
 Before anything has served a step (the engine default left out) the first trial is a seeded random
 candidate, without speculation where the space has one (a fit of speculative steps alone cannot tell
-the target's costs from the drafting's: ``tuner.search.model.predict``). Every trial stores what was predicted for it before it booted (``predicted``), the engine
-default and other enqueued trials included, so ``tuner trials`` and the report set predictions
-against measurements, and the model's error on this study is known.
+the target's costs from the drafting's: ``tuner.search.model.predict``). Every trial stores what
+was predicted for it before it booted (``predicted``), the engine default and other enqueued trials
+included, so ``tuner trials`` and the report set predictions against measurements, and the model's
+error on this study is known.
 """
 
 from __future__ import annotations
