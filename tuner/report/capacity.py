@@ -187,13 +187,17 @@ def has_predictions(study: optuna.Study) -> bool:
 
 def predicted_cell(trial: Trial, tier: str) -> str:
     """The predicted capacity in req/s, with the range what was never measured allows (``low..high``);
-    ``?`` where the model could not predict (an engine never served), ``-`` where it was not asked."""
+    ``~c`` where the model kept a value only to rank configs and could not bound it (no claim: the
+    target alone before any step without speculation served), ``?`` where the model could not predict
+    (an engine never served), ``-`` where it was not asked."""
     said = predicted(trial, tier)
     if not said:
         return "-"
     central, low, high = (_float(said.get(k)) for k in ("capacity_req_s", "low_req_s", "high_req_s"))
     if central is None:
         return "?"
+    if high is None:
+        return f"~{number(central)}"
     if low is not None and high is not None and high > low:
         return f"{number(low)}..{number(high)}"
     return number(central)

@@ -35,7 +35,15 @@ from tuner.report.engines import engines_md, engines_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trials_table import study_price
 from tuner.report.winner import launch_choice
-from tuner.study.attrs import DEFAULT_KIND, ENQUEUED_KIND, SAMPLED_KIND, is_default, study_attrs_of, trial_attrs
+from tuner.study.attrs import (
+    DEFAULT_KIND,
+    ENQUEUED_KIND,
+    SAMPLED_KIND,
+    is_default,
+    predicted_claim,
+    study_attrs_of,
+    trial_attrs,
+)
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto
 from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict
@@ -216,8 +224,8 @@ def prediction_section(study: optuna.Study) -> str:
         said, found = predicted(t, tier), tier_capacity(t, tier)
         if not said:
             continue
-        central = said.get("capacity_req_s")
-        error = f"{central / found - 1:+.0%}" if isinstance(central, int | float) and found else "-"
+        central = predicted_claim(said)
+        error = f"{central / found - 1:+.0%}" if central is not None and found else "-"
         rows.append(f"<tr><td>{t.number}</td><td>{html.escape(predicted_cell(t, tier))}</td>"
                     f"<td>{'-' if found is None else number(found)}</td><td>{error}</td>"
                     f"<td>{html.escape(str(said.get('basis') or ''))}</td></tr>")  # fmt: skip

@@ -202,6 +202,16 @@ def _queued(study: optuna.Study, kind: str) -> list[dict[str, Any]]:
     ]
 
 
+def predicted_claim(tier: Mapping[str, Any]) -> float | None:
+    """The capacity a stored prediction (one tier of ``predicted``) claims: its central value where the
+    model bounded it. None where it claims none: nothing predicted, or a value kept only to rank
+    configs with no range (``high_req_s`` None; ``tuner.search.model.predict``)."""
+    central, high = tier.get("capacity_req_s"), tier.get("high_req_s")
+    if isinstance(central, int | float) and isinstance(high, int | float):
+        return float(central)
+    return None
+
+
 def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:
     """The stored step a tier's capacity record (``CapacityResult.as_dict``) was decided at, as the
     search named it (``at_step``: ``CapacityResult.at_capacity_index``); None: nothing passed, or a

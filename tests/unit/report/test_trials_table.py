@@ -72,10 +72,15 @@ def test_a_model_study_shows_each_prediction_beside_the_measured_capacity(capaci
     add(capacity_study, {"engine": "vllm", "vllm.max_num_seqs": 16},
         {"launch": launch("vllm.entrypoints.openai.api_server", 41010), **capacity_attrs(1.0, 3.0),
          **said(1.4, 0.8, 2.4)}, 1.0)  # fmt: skip
+    add(capacity_study, {"engine": "vllm", "vllm.max_num_seqs": 32},
+        {"launch": launch("vllm.entrypoints.openai.api_server", 41011), **capacity_attrs(2.0, 3.0),
+         **said(0.5, None, None)}, 2.0)  # fmt: skip  # a value kept only to rank: no claim
     table = trials_table(capacity_study)
     assert "predicted interactive" in table.splitlines()[0]
     last = len(capacity_study.trials) - 1
-    assert _row(table, last)[5] == "0.8..2.4" and _row(table, last - 1)[5] == "2.5"
+    assert _row(table, last - 1)[5] == "0.8..2.4" and _row(table, last - 2)[5] == "2.5"
+    assert _row(table, last)[5] == "~0.5"
     assert _row(table, 0)[5] == "-"  # the engine default was not predicted in this study
     section = prediction_section(capacity_study)
     assert "+25%" in section and "0.8..2.4" in section and "+40%" in section
+    assert "~0.5" in section and "-75%" not in section  # no claim, so no error

@@ -45,7 +45,7 @@ from tuner.search.model.predict import EngineModel, Prediction, expected_improve
 from tuner.search.rejections import rejected_like
 from tuner.search.space import Space, distributions, suggest
 from tuner.search.speculation import Offer
-from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, trial_attrs
+from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, predicted_claim, trial_attrs
 from tuner.study.feasible import feasible_trials
 from tuner.workloads.base import load_tokenizer
 from tuner.workloads.inspection import prompt_blocks
@@ -292,9 +292,9 @@ def _record(study: optuna.Study, tier: str) -> list[tuple[float, float]]:
         a = t.user_attrs
         predicted = ((a.get(PREDICTED) or {}).get("tiers") or {}).get(tier) or {}
         measured = (a.get("metrics") or {}).get(f"capacity_{tier}_req_s")
-        claimed = isinstance(predicted.get("capacity_req_s"), int | float) and predicted.get("high_req_s") is not None
-        if a.get("failure") is None and claimed and measured:
-            out.append((float(predicted["capacity_req_s"]), float(measured)))
+        claim = predicted_claim(predicted)
+        if a.get("failure") is None and claim is not None and measured:
+            out.append((claim, float(measured)))
     return out
 
 
