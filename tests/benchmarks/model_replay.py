@@ -24,6 +24,8 @@ import optuna
 from tests.benchmarks import _report, _table, bench_model, bench_search
 from tests.benchmarks.stamp import stamp_line
 from tuner.engines.vllm import VllmAdapter
+from tuner.report.capacity import predicted
+from tuner.search.model.history import speculation
 from tuner.search.model.predict import model_sigma
 from tuner.search.model.sampler import ModelContext, ModelSampler, Scored, _record
 from tuner.search.space import load_space
@@ -51,7 +53,7 @@ class TracingSampler(ModelSampler):
             scored = [
                 self._score(model, study, p, cfg, best, sigma) for p, cfg in self._candidates(study, trial.number)
             ]
-            plain = [s for s in scored if not int(s.config.params.get("num_speculative_tokens") or 0)]
+            plain = [s for s in scored if speculation(s.config.params, 0.0) is None]
             self.notes[trial.number] = {
                 "best": best.get(TIER), "sigma": sigma,
                 "top": _line(max(scored, key=_central)) if scored else None,
@@ -121,14 +123,14 @@ def replay(seed: int) -> str:
     for t in study.trials:
         a = trial_attrs(t)
         config = a.get("config") or {}
-        predicted = ((a.get("predicted") or {}).get("tiers") or {}).get(TIER) or {}
+        said = predicted(t, TIER)
         measured = (a.get("metrics") or {}).get(f"capacity_{TIER}_req_s")
         ladder = truth["capacities"].get(_table.key(config)) if config else None
-        said = _range(predicted.get("capacity_req_s"), predicted.get("low_req_s"), predicted.get("high_req_s"))
+        cell = _range(said.get("capacity_req_s"), said.get("low_req_s"), said.get("high_req_s"))
         failure = a.get("failure")
         state = t.state.name.lower() + (f" {failure}" if failure else "")
         lines.append(f"{t.number:3d} {state}: "
-                     f"{_params(config)} | {said} | {_fmt(measured)} | {_fmt(ladder)}")  # fmt: skip
+                     f"{_params(config)} | {cell} | {_fmt(measured)} | {_fmt(ladder)}")  # fmt: skip
         note = notes.get(t.number)
         if note:
             lines.append(f"      best so far {_fmt(note['best'])}, sigma {note['sigma']:.3f}; "

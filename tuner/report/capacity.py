@@ -198,6 +198,6 @@ def predicted_cell(trial: Trial, tier: str) -> str:
         return "?"
     if high is None:
         return f"~{number(central)}"
-    if low is not None and high is not None and high > low:
+    if low is not None and high > low:
         return f"{number(low)}..{number(high)}"
     return number(central)
