@@ -1,9 +1,14 @@
 """What a config's capacity is worth: output tokens per second per GPU at the SLO, and its price.
 
 A config that carries more traffic under the SLO needs fewer GPUs, so the figure an operator decides
-with is the output token rate one GPU sustains *at its capacity* (the step the capacity was decided
-at, under the SLO), and, given an hourly price per GPU (``--gpu-price``), the dollars one million
-output tokens cost at that rate: ``price / 3600 / (tokens/s per GPU) * 1e6``. Both are read from a
+with is the output token rate one GPU sustains *at its capacity*, and, given an hourly price per GPU
+(``--gpu-price``), the dollars one million output tokens cost at that rate:
+``price / 3600 / (tokens/s per GPU) * 1e6``. That rate is the claimed request rate times the output
+tokens per answered request of the step the capacity was decided at: a config carrying its capacity
+answers every request sent, so in steady state it emits what arrives. The step's own token rate is not
+used: a step a look passed early ends with its longest requests still in flight, and its window then
+counts only part of the tokens the rate produces (study 1's block 1 on the H200:
+reports/gpu-h200/study-1/block1/NOTES.md). Both are read from a
 trial's stored capacity record, so a price given later (``tuner trials --gpu-price``) prices an
 older study too. A trial's GPUs are those its launch was given (``CUDA_VISIBLE_DEVICES``), else one:
 the CPU build's device counts as one.
@@ -27,15 +32,21 @@ def gpus_of(attrs: Mapping[str, Any]) -> int:
     return max(1, len([g for g in str(visible).split(",") if g.strip()])) if visible else 1
 
 
+def _positive(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
+
+
 def tier_output_tok_s(attrs: Mapping[str, Any], tier: str) -> float | None:
-    """Output tokens/s of the step a tier's capacity was decided at (None: no capacity, or an older study)."""
+    """Output tokens/s at a tier's capacity: the capacity times the output tokens per answered request
+    of the step it was decided at (None: no capacity, or an older study without the step's rates)."""
     capacity = attrs.get("capacity")
     record = (capacity.get("tiers") or {}).get(tier) if isinstance(capacity, dict) else None
-    if not isinstance(record, dict) or not record.get("capacity_req_s"):
+    rate = _positive(record.get("capacity_req_s")) if isinstance(record, dict) else None
+    at = step_at_capacity(record) if isinstance(record, dict) and rate is not None else None
+    if rate is None or at is None:
         return None
-    at = step_at_capacity(record)
-    value = at.get("output_throughput_tok_s") if at is not None else None
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
+    tok_s, req_s = _positive(at.get("output_throughput_tok_s")), _positive(at.get("request_throughput_req_s"))
+    return rate * tok_s / req_s if tok_s is not None and req_s is not None else None
 
 
 def tok_s_per_gpu(attrs: Mapping[str, Any], tier: str) -> float | None:

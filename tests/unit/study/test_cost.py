@@ -8,10 +8,25 @@ from tuner.study.cost import cost_text, gpus_of, tok_s_per_gpu, usd_per_million_
 
 
 def _attrs(capacity: float, tok_s: float, env: dict[str, str] | None = None) -> dict[str, object]:
-    steps = [{"rate_req_s": capacity, "passed": True, "output_throughput_tok_s": tok_s},
-             {"rate_req_s": capacity * 1.1, "passed": False, "output_throughput_tok_s": tok_s * 1.05}]  # fmt: skip
+    """A tier whose capacity step answered ``capacity`` req/s at ``tok_s`` (every request answered)."""
+    steps = [{"rate_req_s": capacity, "passed": True, "output_throughput_tok_s": tok_s,
+              "request_throughput_req_s": capacity},
+             {"rate_req_s": capacity * 1.1, "passed": False, "output_throughput_tok_s": tok_s * 1.05,
+              "request_throughput_req_s": capacity * 1.1}]  # fmt: skip
     tier = {"capacity_req_s": capacity, "steps": steps}
     return {"capacity": {"tiers": {"interactive": tier}}, "launch": {"env": env or {}}}
+
+
+def test_a_step_cut_short_by_an_early_look_prices_the_rate_it_carried_not_its_window() -> None:
+    # study 1's block 1: a look passed 5.82 req/s early, its window answered 3.05 req/s of ~502
+    # tokens each (the rest still in flight): 1530 tok/s in the window, 5.82 x 502 carried
+    early = {"rate_req_s": 5.82, "passed": True, "held": False, "output_throughput_tok_s": 1530.0,
+             "request_throughput_req_s": 3.05}  # fmt: skip
+    tier = {"capacity_req_s": 5.82, "at_step": 0, "steps": [early]}
+    rate = tok_s_per_gpu({"capacity": {"tiers": {"interactive": tier}}}, "interactive")
+    assert rate == pytest.approx(5.82 * 1530.0 / 3.05) and rate == pytest.approx(2919.5, abs=1.0)
+    older = {"capacity_req_s": 5.82, "at_step": 0, "steps": [{"rate_req_s": 5.82, "passed": True}]}
+    assert tok_s_per_gpu({"capacity": {"tiers": {"interactive": older}}}, "interactive") is None, "no rates: unknown"
 
 
 def test_the_rate_is_the_one_at_the_capacity_step_per_gpu_given() -> None:
