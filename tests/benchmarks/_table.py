@@ -206,6 +206,12 @@ def rung_for(rungs: dict[int, Measured], rate: float, plan: CapacityPlan) -> tup
 
 def ladder_capacity(rungs: dict[int, Measured], plan: CapacityPlan, tier: str) -> float:
     """The ladder's own answer: the highest passing rung below the lowest failing one (0 if none)."""
+    return ladder_bracket(rungs, plan, tier)[0]
+
+
+def ladder_bracket(rungs: dict[int, Measured], plan: CapacityPlan, tier: str) -> tuple[float, float]:
+    """What the ladder resolved: its answer (``ladder_capacity``) and the lowest failing rung above it
+    (inf where none failed); the config's capacity lies between them."""
     steps = [
         replace(s, passed=False) if m.aborted else s
         for m in rungs.values()
@@ -217,7 +223,7 @@ def ladder_capacity(rungs: dict[int, Measured], plan: CapacityPlan, tier: str) -
     ]
     fails = [s.rate_req_s for s in steps if not s.passed]
     ceiling = min(fails, default=math.inf)
-    return max((s.rate_req_s for s in steps if s.passed and s.rate_req_s < ceiling), default=0.0)
+    return max((s.rate_req_s for s in steps if s.passed and s.rate_req_s < ceiling), default=0.0), ceiling
 
 
 @dataclass

@@ -61,6 +61,8 @@ def test_a_replayed_search_lands_within_the_resolution_of_the_ladders_answer(kne
     rungs = _ladder(knee)
     truth = _table.ladder_capacity(rungs, PLAN, "interactive")
     assert truth <= knee < truth * 1.1 + 1e-9
+    low, high = _table.ladder_bracket(rungs, PLAN, "interactive")  # the knee between answer and first fail
+    assert low == truth and low <= knee < high and high == pytest.approx(truth * 1.1)
     runner = _table.CapacityTableRunner({_table.key({}): _point(knee)}, PLAN)
     result = runner(0, Config("vllm", {}, is_default=True), _ctx(), incumbents={}, prune=False)
     assert result.failure is None and result.pruned is None

@@ -156,5 +156,7 @@ def test_plan_with_a_study_predicts_every_row_the_enqueued_in_order_the_sampled_
     never_run = truth.predict("vllm", rows[0]["params"], None)["interactive"].capacity_req_s
     assert never_run is not None and rows[0]["predicted"]["interactive"] == pytest.approx(never_run, rel=0.15)
     assert all(r["predicted_basis"].startswith("fitted on") for r in rows), [r["predicted_basis"] for r in rows]
+    said = rows[0]["predicted"]["interactive"]
+    assert rows[0]["predicted_range"]["interactive"] == [said, said], "all of it known: one value, no range"
     ranked = [r["predicted"]["interactive"] for r in rows[1:]]
     assert ranked == sorted(ranked, reverse=True) and len(set(ranked)) > 1, ranked

@@ -35,8 +35,10 @@ def predict_rows(
     rows: Sequence[dict[str, Any]], study: optuna.Study, adapters: Mapping[str, EngineAdapter]
 ) -> list[dict[str, Any]]:
     """``rows`` (``tuner plan``'s: engine, params, argv...) in their order, each with ``predicted``
-    (req/s per scored tier; None where the model cannot say) and ``predicted_basis``; unchanged where
-    the study has no capacity plan or nothing served."""
+    (req/s per scored tier; None where the model cannot say), ``predicted_range`` (per tier the
+    ``[low, high]`` the unmeasured parts allow, one value twice where all is known; None where the
+    prediction only ranks) and ``predicted_basis``; unchanged where the study has no capacity plan or
+    nothing served."""
     plan = plan_of_study(study)
     served = served_trials(study, {})
     if plan is None or not served:
@@ -52,6 +54,8 @@ def predict_rows(
     for row in rows:
         said = model.predict(row["engine"], row["params"], None)
         out.append({**row, "predicted": {tier: p.capacity_req_s for tier, p in said.items()},
+                    "predicted_range": {tier: None if p.low_req_s is None else [p.low_req_s, p.high_req_s]
+                                        for tier, p in said.items()},
                     "predicted_basis": next(iter(said.values())).basis})  # fmt: skip
     return out
 
