@@ -85,13 +85,18 @@ def slo_text(tier: Tier) -> str:
     return f"{bounds}{share}"
 
 
+def bracket_top(trial: Trial, tier: str) -> float | None:
+    """The lowest rate above the tier's capacity that did not pass (None: none, or an older study)."""
+    bracket = _tier_attrs(trial, tier).get("bracket_req_s")
+    return _float(bracket[1]) if isinstance(bracket, list) and len(bracket) == 2 else None
+
+
 def capacity_cell(trial: Trial, tier: str) -> str:
     """The tier's capacity in req/s, ``pruned`` when the search stopped early, ``-`` when unknown; with
     the bracket it was resolved in (up to the lowest rate that did not pass) where the trial has one."""
     found = tier_capacity(trial, tier)
     pruned = " pruned" if _tier_attrs(trial, tier).get("pruned") else ""
-    bracket = _tier_attrs(trial, tier).get("bracket_req_s")
-    high = _float(bracket[1]) if isinstance(bracket, list) and len(bracket) == 2 else None
+    high = bracket_top(trial, tier)
     upto = f"<{number(high)}" if high is not None and found else ""
     return "-" if found is None else number(found) + upto + pruned
 

@@ -5,7 +5,9 @@ highest capacity there (stress-check failures and repeats of another trial's con
 everywhere), its capacity with the bracket it was resolved in, the output tokens/s per GPU at it and,
 given a price, the dollars per million output tokens; beside it, the capacity of that engine's
 defaults. The sentence under each tier is computed from those numbers: which engine carried more,
-and by how much, or that only one engine was measured.
+and by how much; that one drive each cannot tell them apart, where the higher claim lies inside the
+other's bracket (a tie included); or that only one engine was measured. Trials not yet run (an
+enqueued config waiting for its boot) name no engine here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from tuner.report.capacity import capacity_cell, tier_capacity, tiers
+from tuner.report.capacity import bracket_top, capacity_cell, tier_capacity, tiers
 from tuner.report.describe import engine_of, number
 from tuner.study.attrs import is_default
 from tuner.study.cost import cost_text
@@ -37,8 +39,8 @@ class EngineBest:
 
 def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
     """Each engine the study booted, with its best feasible trial in ``tier`` and its defaults."""
-    everything = study.get_trials(deepcopy=False)
-    engines = sorted({e for t in everything if (e := engine_of(t))})
+    everything = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    engines = sorted({engine_of(t) for t in everything})
     feasible = feasible_trials(study)
     found = []
     for engine in engines:
@@ -59,6 +61,11 @@ def comparison(rows: list[EngineBest], tier: str) -> str:
     if len(served) == 1:
         return f"Only {served[0].engine} carried load under this tier's SLO."
     first, second = served[0], served[1]
+    top = bracket_top(second.best, tier) if second.best is not None else None
+    if top is not None and first.capacity(tier) < top:
+        return (f"{first.engine} carried {number(first.capacity(tier))} req/s and {second.engine} "
+                f"{number(second.capacity(tier))} (its bracket runs to {number(top)}): one drive each cannot "
+                "tell them apart; repeats decide.")  # fmt: skip
     ratio = first.capacity(tier) / second.capacity(tier)
     return (f"{first.engine} carried {number(first.capacity(tier))} req/s, {second.engine} "
             f"{number(second.capacity(tier))}: {first.engine} {ratio:.2f}x on this workload.")  # fmt: skip

@@ -138,3 +138,38 @@ def test_one_engine_has_nothing_to_compare(capacity_study: optuna.Study, tmp_pat
     assert comparison(per_engine(only, "interactive"), "interactive") == (
         "Only one engine was booted in this study: nothing to compare."
     )
+
+
+def _two_engines(source: optuna.Study, path: Path, sglang_top: float) -> optuna.Study:
+    """vLLM's defaults (2.0 req/s interactive, up to 2.4) and SGLang's (1.5, up to ``sglang_top``),
+    and one config enqueued, waiting for its boot."""
+    study = optuna.create_study(study_name="two", storage=f"sqlite:///{path}", direction="maximize")
+    for t, top in zip(source.get_trials()[:2], (2.4, sglang_top), strict=True):
+        attrs = dict(t.user_attrs)
+        tiers_ = attrs["capacity"]["tiers"]
+        tier = {**tiers_["interactive"], "bracket_req_s": [tiers_["interactive"]["capacity_req_s"], top]}
+        attrs["capacity"] = {**attrs["capacity"], "tiers": {**tiers_, "interactive": tier}}
+        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, values=t.values,
+                                                  user_attrs=attrs))  # fmt: skip
+    study.enqueue_trial({"engine": "sglang"})
+    return study
+
+
+def test_engines_within_one_bracket_are_not_ranked_and_a_waiting_trial_names_no_engine(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    """Study 1's block 1 on the H200: both engines claimed 7.54 req/s under the relaxed tier, one
+    bracket each, and the report called one of them 1.00x the other; its enqueued configs still
+    waiting showed as an engine named "?" that carried 0."""
+    from tuner.report.engines import comparison, engines_md, per_engine
+
+    apart = _two_engines(capacity_study, tmp_path / "apart.db", sglang_top=1.8)
+    rows = per_engine(apart, "interactive")
+    assert [r.engine for r in rows] == ["sglang", "vllm"], "the waiting trial names no engine"
+    assert comparison(rows, "interactive") == "vllm carried 2 req/s, sglang 1.5: vllm 1.33x on this workload."
+    assert not any(line.startswith("| ?") for line in engines_md(apart))
+    close = _two_engines(capacity_study, tmp_path / "close.db", sglang_top=2.2)
+    assert comparison(per_engine(close, "interactive"), "interactive") == (
+        "vllm carried 2 req/s and sglang 1.5 (its bracket runs to 2.2): one drive each cannot tell them apart; "
+        "repeats decide."
+    )
