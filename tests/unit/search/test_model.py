@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from tuner.engines.base import Device
+from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.model.fit import Fit, ObservedStep, fit_costs, nnls
@@ -232,3 +234,23 @@ def test_bisection_finds_the_knee_and_the_error_record_replaces_the_prior() -> N
 def test_a_steps_hits_spare_the_later_requests_and_keep_their_total() -> None:
     computed = computed_prompts([1000, 1000, 1000], 0.5)
     assert computed[0] == 1000 and sum(computed) == 1500
+
+
+def test_a_draft_one_engine_ran_brings_its_acceptance_to_the_other_engine() -> None:
+    """Acceptance is a fact of target, draft and workload: an engine that never ran a draft another
+    engine of the study ran starts from its measured acceptance, and only its drafting costs are
+    unknown, so its range is narrower than that of a draft no engine ran."""
+    truth = _truth(drafts={"d": TRUE_DRAFT}, acceptance={"d": 0.7})
+    vllm_plain = _served(truth, {"max_num_seqs": 4})
+    drafted = _served(truth, {"max_num_seqs": 4, "num_speculative_tokens": 2, "draft_model": "d"})
+    sglang_plain = replace(_served(truth, {"max_num_seqs": 4}), engine="sglang")
+    adapters = {"vllm": VllmAdapter(), "sglang": SglangAdapter()}
+    config = {"max_num_seqs": 4, "num_speculative_tokens": 2, "draft_model": "d"}
+    ran = EngineModel.fit([vllm_plain, drafted, sglang_plain], adapters, CPU, PLAN, SHAPES)
+    nobody = EngineModel.fit([vllm_plain, sglang_plain], adapters, CPU, PLAN, SHAPES)
+    assert ran.shared_acceptance == {"d": pytest.approx(0.7, abs=0.01)} and nobody.shared_acceptance == {}
+    known, unknown = ran.predict("sglang", config, None)["relaxed"], nobody.predict("sglang", config, None)["relaxed"]
+    assert "never booted on sglang: acceptance 0.70" in known.basis and "acceptance 0 to 1" in unknown.basis
+    for p in (known, unknown):
+        assert p.low_req_s is not None and p.high_req_s is not None and p.low_req_s < p.high_req_s
+    assert known.high_req_s - known.low_req_s < unknown.high_req_s - unknown.low_req_s  # type: ignore[operator]

@@ -12,7 +12,8 @@ What the study has not measured is a range, not a guess:
 
 * a draft never booted: its acceptance anywhere in [0, 1] and its own costs anywhere between nothing
   and the target's own (a draft is no slower than its target), so the capacity is the range those
-  ends give;
+  ends give. Where another engine of the study ran the draft, its acceptance is known (a fact of
+  target, draft and workload, ``shared_acceptance``) and only the drafting costs span the range;
 * the target alone, on an engine whose served steps all speculated: in each of them a target
   iteration came with its drafting passes and verify tokens in fixed proportion, so the fit cannot
   tell the target's per-iteration and per-sequence costs from the speculation's, and nothing bounds
@@ -90,6 +91,9 @@ class EngineModel:
     hit: float
     trials: int
     plain: dict[str, bool] = field(default_factory=dict)  # per engine: some served step ran without speculation
+    # per draft, its acceptance over every engine that ran it: a fact of target, draft and workload, so
+    # an engine that never ran the draft starts from it (its drafting costs stay unknown)
+    shared_acceptance: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def fit(
@@ -111,7 +115,12 @@ class EngineModel:
                 fits[engine] = fitted
         hits = [hit_rate(step) for s in served for step in s.steps if "prefix_cache_hit_rate" in step.server]
         hit = float(np.median(hits)) if hits else 0.0
-        return cls(adapters, device, plan, list(shapes), fits, acceptance, hit, len(served), plain)
+        pooled: dict[str, list[float]] = {}
+        for per_draft in acceptance.values():
+            for draft, value in per_draft.items():
+                pooled.setdefault(draft, []).append(value)
+        shared = {draft: float(np.median(values)) for draft, values in pooled.items()}
+        return cls(adapters, device, plan, list(shapes), fits, acceptance, hit, len(served), plain, shared)
 
     def predict(self, engine: str, params: Mapping[str, Any], kv_tokens: int | None) -> dict[str, Prediction]:
         """Every scored tier's predicted capacity for a config of ``engine`` with ``params`` and a KV
@@ -134,13 +143,16 @@ class EngineModel:
                 return {t: Prediction(t, c, None, None, why) for t, c in capacities.items()}
             why = f"fitted on {fit.steps} steps of {self.trials} trials"
             return {t: Prediction(t, c, c, c, why) for t, c in capacities.items()}
-        # never booted: the ends of what it could be
+        # never booted: the ends of what it could be; its acceptance where another engine measured it
         assert spec is not None
+        accept = known.get(spec.draft, self.shared_acceptance.get(spec.draft))
+        slow_accept, fast_accept = UNKNOWN_ACCEPTANCE if accept is None else (accept, accept)
         slow = self._capacities(limits, _with_draft(fit, _as_slow_as_target(fit)),
-                                replace(spec, accept=UNKNOWN_ACCEPTANCE[0]), fit.overhead_s)  # fmt: skip
+                                replace(spec, accept=slow_accept), fit.overhead_s)  # fmt: skip
         fast = self._capacities(limits, _with_draft(fit, (0.0, 0.0)),
-                                replace(spec, accept=UNKNOWN_ACCEPTANCE[1]), fit.overhead_s)  # fmt: skip
-        why = f"draft {spec.draft} never booted: acceptance 0 to 1, drafting free to as dear as the target"
+                                replace(spec, accept=fast_accept), fit.overhead_s)  # fmt: skip
+        said = "acceptance 0 to 1" if accept is None else f"acceptance {accept:.2f} as measured with this target"
+        why = f"draft {spec.draft} never booted on {engine}: {said}, drafting free to as dear as the target"
         return {t: Prediction(t, _middle(slow[t], fast[t]), slow[t], fast[t], why) for t in tiers}
 
     def _capacities(
