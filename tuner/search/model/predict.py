@@ -151,7 +151,7 @@ class EngineModel:
                                 replace(spec, accept=slow_accept), fit.overhead_s)  # fmt: skip
         fast = self._capacities(limits, _with_draft(fit, (0.0, 0.0)),
                                 replace(spec, accept=fast_accept), fit.overhead_s)  # fmt: skip
-        said = "acceptance 0 to 1" if accept is None else f"per-position acceptance {accept:.2f} as measured with this target"
+        said = "acceptance 0 to 1" if accept is None else f"per-position acceptance {accept:.2f} as measured"
         why = f"draft {spec.draft} never booted on {engine}: {said}, drafting free to as dear as the target"
         return {t: Prediction(t, _middle(slow[t], fast[t]), slow[t], fast[t], why) for t in tiers}
 
