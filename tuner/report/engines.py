@@ -6,7 +6,9 @@ everywhere), its capacity with the bracket it was resolved in, the output tokens
 given a price, the dollars per million output tokens; beside it, the capacity of that engine's
 defaults. The sentence under each tier is computed from those numbers: which engine carried more,
 and by how much; that one drive each cannot tell them apart, where the higher claim lies inside the
-other's bracket (a tie included); or that only one engine was measured. Trials not yet run (an
+other's bracket (a tie included); or that only one engine was measured. Where both engines' best
+trials were finalists with at least three fresh-boot repeats, the sentence compares the repeats'
+means instead, and says so where their 95 % intervals overlap. Trials not yet run (an
 enqueued config waiting for its boot) name no engine here.
 """
 
@@ -19,7 +21,7 @@ import optuna
 
 from tuner.report.capacity import bracket_top, capacity_cell, tier_capacity, tiers
 from tuner.report.describe import engine_of, number
-from tuner.study.attrs import is_default
+from tuner.study.attrs import is_default, study_attrs_of
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_trials
 
@@ -31,6 +33,7 @@ class EngineBest:
     engine: str
     best: Trial | None  # the feasible trial of highest capacity in the tier (None: none served it)
     default: Trial | None  # the engine's defaults (the latest, if re-run)
+    repeats: dict[str, float] | None = None  # the best's capacity in the tier over its finalist repeats
 
     def capacity(self, tier: str) -> float:
         found = tier_capacity(self.best, tier) if self.best is not None else None
@@ -47,8 +50,35 @@ def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
         served = [t for t in feasible if engine_of(t) == engine and (tier_capacity(t, tier) or 0.0) > 0]
         best = max(served, key=lambda t: (tier_capacity(t, tier) or 0.0, -t.number), default=None)
         defaults = [t for t in everything if engine_of(t) == engine and is_default(t)]
-        found.append(EngineBest(engine, best, defaults[-1] if defaults else None))
+        repeats = repeat_stats(study, best.number, tier) if best is not None else None
+        found.append(EngineBest(engine, best, defaults[-1] if defaults else None, repeats))
     return found
+
+
+def repeat_stats(study: optuna.Study, number: int, tier: str) -> dict[str, float] | None:
+    """Trial ``number``'s capacity in ``tier`` over its fresh-boot repeats (mean, 95 % ``low`` and
+    ``high``, ``n``; ``tuner.search.finalists``), or None: not a finalist, or fewer than three runs."""
+    finalists = study_attrs_of(study).get("finalists") or []
+    entry = next((f for f in finalists if isinstance(f, dict) and f.get("trial") == number), None)
+    stats = ((entry or {}).get("stats") or {}).get(f"capacity_{tier}_req_s")
+    if not isinstance(stats, dict) or not all(isinstance(stats.get(k), int | float) for k in ("mean", "low", "high")):
+        return None
+    return {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
+
+
+def _mean_interval(stats: dict[str, float]) -> str:
+    return f"{number(stats['mean'])} [{number(stats['low'])}, {number(stats['high'])}]"
+
+
+def _repeated(first: EngineBest, second: EngineBest) -> str:
+    """The sentence from two engines' repeats (both present), the higher mean first."""
+    a, b = sorted((first, second), key=lambda r: -(r.repeats or {}).get("mean", 0.0))
+    ra, rb = a.repeats or {}, b.repeats or {}
+    carried = (f"{a.engine} carried {_mean_interval(ra)} req/s and {b.engine} {_mean_interval(rb)} "
+               "over fresh-boot repeats")  # fmt: skip
+    if ra["low"] <= rb["high"]:
+        return f"{carried}: their 95 % intervals overlap, so the repeats cannot tell them apart."
+    return f"{carried}: {a.engine} {ra['mean'] / rb['mean']:.2f}x on this workload."
 
 
 def comparison(rows: list[EngineBest], tier: str) -> str:
@@ -61,6 +91,8 @@ def comparison(rows: list[EngineBest], tier: str) -> str:
     if len(served) == 1:
         return f"Only {served[0].engine} carried load under this tier's SLO."
     first, second = served[0], served[1]
+    if first.repeats is not None and second.repeats is not None:
+        return _repeated(first, second)
     top = bracket_top(second.best, tier) if second.best is not None else None
     if top is not None and first.capacity(tier) < top:
         return (f"{first.engine} carried {number(first.capacity(tier))} req/s and {second.engine} "
@@ -84,9 +116,10 @@ class _Row:
 def _row(r: EngineBest, tier: str, price: float | None) -> _Row:
     best = r.best
     tuned = f"trial {best.number}" + (" (its defaults)" if is_default(best) else "") if best else "-"
+    again = f"; repeats {_mean_interval(r.repeats)}" if r.repeats else ""
     return _Row(
         tuned,
-        capacity_cell(best, tier) if best else "0",
+        (capacity_cell(best, tier) + again) if best else "0",
         (cost_text(best.user_attrs, tier, price) if best is not None else "") or "-",
         capacity_cell(r.default, tier) if r.default is not None else "not booted",
     )

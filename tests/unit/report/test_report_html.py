@@ -173,3 +173,31 @@ def test_engines_within_one_bracket_are_not_ranked_and_a_waiting_trial_names_no_
         "vllm carried 2 req/s and sglang 1.5 (its bracket runs to 2.2): one drive each cannot tell them apart; "
         "repeats decide."
     )
+
+
+def test_with_repeats_of_both_engines_the_comparison_reads_their_means_and_intervals(
+    capacity_study: optuna.Study,
+) -> None:
+    """Once the finalists ran, each engine's best has fresh-boot repeats: the sentence compares their
+    means, and says the repeats cannot tell the engines apart where the 95 % intervals overlap."""
+    from tuner.report.engines import comparison, engines_md, per_engine
+
+    def stats(mean: float, low: float, high: float) -> dict[str, object]:
+        return {"stats": {"capacity_interactive_req_s": {"mean": mean, "low": low, "high": high, "n": 3}}}
+
+    capacity_study.set_user_attr("finalists", [{"trial": 2, **stats(4.1, 3.9, 4.3)},
+                                               {"trial": 3, **stats(3.4, 3.2, 3.6)}])  # fmt: skip
+    rows = per_engine(capacity_study, "interactive")
+    assert comparison(rows, "interactive") == (
+        "vllm carried 4.1 [3.9, 4.3] req/s and sglang 3.4 [3.2, 3.6] over fresh-boot repeats: vllm 1.21x on this "
+        "workload."
+    )
+    assert "| vllm | 2 | 4; repeats 4.1 [3.9, 4.3] | 2 |" in engines_md(capacity_study)
+    capacity_study.set_user_attr("finalists", [{"trial": 2, **stats(4.1, 3.5, 4.7)},
+                                               {"trial": 3, **stats(3.6, 3.2, 4.0)}])  # fmt: skip
+    assert comparison(per_engine(capacity_study, "interactive"), "interactive") == (
+        "vllm carried 4.1 [3.5, 4.7] req/s and sglang 3.6 [3.2, 4] over fresh-boot repeats: their 95 % intervals "
+        "overlap, so the repeats cannot tell them apart."
+    )
+    capacity_study.set_user_attr("finalists", [{"trial": 2, **stats(4.1, 3.5, 4.7)}])  # sglang's best not repeated
+    assert "1.14x" in comparison(per_engine(capacity_study, "interactive"), "interactive")  # one trial each, as before
