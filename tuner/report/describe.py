@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 
 from tuner.study.attrs import is_default, trial_attrs
+from tuner.study.verdict import TOO_FEW_RUNS
 
 ADDRESS_FLAGS = ("--host", "--port")
 
@@ -34,6 +35,14 @@ def params_text(trial: optuna.trial.FrozenTrial) -> str:
 def number(value: float) -> str:
     """A measured figure: three significant digits, whole numbers from 100 up."""
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def mean_interval(stats: Mapping[str, Any]) -> str:
+    """A finalist's ``mean [low, high]`` over its repeats as figures (``number``), or its mean and why
+    there is no interval."""
+    if stats.get("low") is None or stats.get("high") is None:  # fewer than 3 runs (tuner.measure.statistics)
+        return f"{number(stats['mean'])} ({TOO_FEW_RUNS})"
+    return f"{number(stats['mean'])} [{number(stats['low'])}, {number(stats['high'])}]"
 
 
 def engine_of(trial: optuna.trial.FrozenTrial) -> str:

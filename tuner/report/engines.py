@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import optuna
 
 from tuner.report.capacity import bracket_top, capacity_cell, tier_capacity, tiers
-from tuner.report.describe import engine_of, number
+from tuner.report.describe import engine_of, mean_interval, number
 from tuner.study.attrs import is_default, study_attrs_of
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_trials
@@ -66,15 +66,11 @@ def repeat_stats(study: optuna.Study, number: int, tier: str) -> dict[str, float
     return {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
 
 
-def _mean_interval(stats: dict[str, float]) -> str:
-    return f"{number(stats['mean'])} [{number(stats['low'])}, {number(stats['high'])}]"
-
-
 def _repeated(first: EngineBest, second: EngineBest) -> str:
     """The sentence from two engines' repeats (both present), the higher mean first."""
     a, b = sorted((first, second), key=lambda r: -(r.repeats or {}).get("mean", 0.0))
     ra, rb = a.repeats or {}, b.repeats or {}
-    carried = (f"{a.engine} carried {_mean_interval(ra)} req/s and {b.engine} {_mean_interval(rb)} "
+    carried = (f"{a.engine} carried {mean_interval(ra)} req/s and {b.engine} {mean_interval(rb)} "
                "over fresh-boot repeats")  # fmt: skip
     if ra["low"] <= rb["high"]:
         return f"{carried}: their 95 % intervals overlap, so the repeats cannot tell them apart."
@@ -116,7 +112,7 @@ class _Row:
 def _row(r: EngineBest, tier: str, price: float | None) -> _Row:
     best = r.best
     tuned = f"trial {best.number}" + (" (its defaults)" if is_default(best) else "") if best else "-"
-    again = f"; repeats {_mean_interval(r.repeats)}" if r.repeats else ""
+    again = f"; repeats {mean_interval(r.repeats)}" if r.repeats else ""
     return _Row(
         tuned,
         (capacity_cell(best, tier) + again) if best else "0",

@@ -30,7 +30,15 @@ from tuner.report.capacity import (
     tier_capacity,
     tiers,
 )
-from tuner.report.describe import engine_line, engines_text, launch_command, number, params_list, params_text
+from tuner.report.describe import (
+    engine_line,
+    engines_text,
+    launch_command,
+    mean_interval,
+    number,
+    params_list,
+    params_text,
+)
 from tuner.report.engines import engines_md, engines_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trials_table import study_price
@@ -46,7 +54,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto
-from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict
+from tuner.study.verdict import describe_verdict
 
 Trial = optuna.trial.FrozenTrial
 
@@ -135,7 +143,7 @@ def best_vs_default_section(study: optuna.Study, price: float | None = None) -> 
     rows = []
     for f in finalists:
         stats = f.get("stats") or {}
-        cells = "".join(f"<td>{_interval(s)}</td>" if (s := stats.get(m)) else "<td>-</td>" for m in metrics)
+        cells = "".join(f"<td>{mean_interval(s)}</td>" if (s := stats.get(m)) else "<td>-</td>" for m in metrics)
         if tier is not None:  # the trial's own capacity priced: output tokens per GPU, and $ with a price
             trial = by_number.get(f.get("trial"))  # type: ignore[arg-type]
             cells += f"<td>{html.escape(cost_text(trial.user_attrs, tier, price) if trial else '') or '-'}</td>"
@@ -146,12 +154,6 @@ def best_vs_default_section(study: optuna.Study, price: float | None = None) -> 
     table = f"<table><tr><th>config</th>{head}</tr>{''.join(rows)}</table>" if rows else ""
     return (f'<section id="best-vs-default"><h2>Winner against the engine default</h2>'
             f"<p>mean [95 % interval] over fresh-boot repeats</p>{table}<p>{text}</p></section>")  # fmt: skip
-
-
-def _interval(stats: dict[str, float]) -> str:
-    if stats.get("low") is None or stats.get("high") is None:  # fewer than 3 runs (tuner.measure.statistics)
-        return f"{number(stats['mean'])} ({TOO_FEW_RUNS})"
-    return f"{number(stats['mean'])} [{number(stats['low'])}, {number(stats['high'])}]"
 
 
 def failure_map_section(study: optuna.Study, ranked: list[str]) -> str:
