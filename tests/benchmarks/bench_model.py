@@ -324,9 +324,9 @@ def main() -> None:
     shapes, blocks = shapes_and_blocks()
     table = with_ids(_table.load_capacity(), len(shapes))
     plan = _table.plan_of(table, TIERS)
-    truth = {k: {t: _table.ladder_capacity(p["rungs"], plan, t) for t in TIERS}
-             for k, p in table["points"].items() if not p["failure"]}  # fmt: skip
-    brackets = {k: {t: _table.ladder_bracket(table["points"][k]["rungs"], plan, t) for t in TIERS} for k in truth}
+    brackets = {k: {t: _table.ladder_bracket(p["rungs"], plan, t) for t in TIERS}
+                for k, p in table["points"].items() if not p["failure"]}  # fmt: skip
+    truth = {k: {t: bracket[0] for t, bracket in tiers.items()} for k, tiers in brackets.items()}  # the answers
     prediction = leave_one_out(served_of(table, blocks), truth, plan, device_of(table), shapes, brackets)
     searched = {} if args.skip_search else search(table, _table.plan_of(table, ("interactive",)), args.seeds,
                                                   shapes, blocks)  # fmt: skip
