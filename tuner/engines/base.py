@@ -162,10 +162,13 @@ class LaunchSpec:
 @dataclass(frozen=True)
 class SchedulerLimits:
     """One iteration's bounds: the tokens it may schedule (the chunked-prefill budget) and the
-    sequences it may run. None: unbounded, or not known to the adapter."""
+    sequences it may run (None: unbounded, or not known to the adapter); and whether the engine
+    prefills in iterations of their own, its decoding requests waiting meanwhile (``prefill_first``),
+    rather than mixing prefill chunks into the decode batch."""
 
     token_budget: int | None
     max_seqs: int | None
+    prefill_first: bool = False
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from tuner.engines.base import (
     EngineAdapter,
     LaunchSpec,
     ModelSpec,
+    SchedulerLimits,
     rows_from_lists,
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
@@ -199,3 +200,16 @@ class SglangAdapter(EngineAdapter):
 
     def default_params(self, device: Device) -> dict[str, Any]:
         return {}  # SGLang derives chunk size and memory fraction from the GPU itself
+
+    def scheduler_limits(self, params: Mapping[str, Any], device: Device) -> SchedulerLimits:
+        # ServerArgs._handle_gpu_memory_settings (0.5.17; 0.5.23's memory_hook gives the same): the
+        # chunked-prefill size by the GPU's total memory, 4096 where it is unknown
+        gib = device.memory_bytes / 2**30
+        default = 4096 if gib <= 0 else 2048 if gib < 35 else 4096 if gib < 60 else 8192 if gib < 160 else 16384
+        # --max-running-requests, when not given, comes from the KV pool (resolve_max_num_reqs: at least
+        # 2048 where the pool allows), above any batch a capacity step here reaches: unbounded
+        seqs = params.get("max_num_seqs")
+        # Without --enable-mixed-chunk (the default, and no parameter of the space sets it), the scheduler
+        # runs a prefill batch whenever a request can be admitted or a prompt is mid-way, and the
+        # running requests decode only in the iterations between (Scheduler.get_next_batch_to_run)
+        return SchedulerLimits(int(params.get("chunk_size", default)), None if seqs is None else int(seqs), True)

@@ -444,3 +444,14 @@ def test_the_eagle_family_sets_its_three_tree_flags_together(
 def test_sglang_has_no_suffix_decoding() -> None:
     assert "suffix" not in SglangAdapter().spec_methods
     assert set(SglangAdapter().spec_methods) == {"draft_model", "eagle", "eagle3", "mtp", "ngram"}
+
+
+def test_the_scheduler_limits_are_sglangs_own_defaults_by_gpu_memory() -> None:
+    adapter = SglangAdapter()
+    h200 = adapter.scheduler_limits({}, CUDA)  # 140 GiB: ServerArgs' 8192 for "H20, H200"
+    assert (h200.token_budget, h200.max_seqs, h200.prefill_first) == (8192, None, True)
+    assert adapter.scheduler_limits({}, Device("cuda", "NVIDIA B200", 180 * 2**30)).token_budget == 16384
+    assert adapter.scheduler_limits({}, Device("cuda", "NVIDIA L4", 24 * 2**30)).token_budget == 2048
+    assert adapter.scheduler_limits({}, Device("cuda", "", 0)).token_budget == 4096  # memory unknown
+    given = adapter.scheduler_limits({"chunk_size": 1024, "max_num_seqs": 64}, CUDA)
+    assert (given.token_budget, given.max_seqs, given.prefill_first) == (1024, 64, True)

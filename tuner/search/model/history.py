@@ -78,7 +78,7 @@ def speculation(params: Mapping[str, Any], accept: float) -> Speculation | None:
 
 def limits_of(params: Mapping[str, Any], adapter: EngineAdapter, device: Device, kv_tokens: int | None) -> Limits:
     scheduler = adapter.scheduler_limits(params, device)
-    return Limits(scheduler.token_budget, scheduler.max_seqs, kv_tokens)
+    return Limits(scheduler.token_budget, scheduler.max_seqs, kv_tokens, scheduler.prefill_first)
 
 
 def hit_rate(step: Measured) -> float:

@@ -16,7 +16,7 @@ import optuna
 
 from tuner.engines.base import Device, EngineAdapter
 from tuner.measure.rate_steps import CapacityPlan
-from tuner.search.model.history import Shape
+from tuner.search.model.history import Served, Shape
 from tuner.search.model.predict import EngineModel
 from tuner.search.model.sampler import served_trials
 from tuner.study.attrs import study_attrs_of
@@ -31,6 +31,21 @@ def plan_of_study(study: optuna.Study) -> CapacityPlan | None:
                            "scored": tuple(stored["scored"])})  # fmt: skip
 
 
+def device_of_study(study: optuna.Study) -> Device:
+    """The machine the study's trials measured (its stored hardware), which the model is fitted for."""
+    hw = study_attrs_of(study).get("hardware") or {}
+    return Device(str(hw.get("kind", "cuda")), str(hw.get("name", "")), int(hw.get("memory_bytes") or 0))
+
+
+def shapes_of(served: Sequence[Served]) -> list[Shape]:
+    """The requests the model simulates: those the longest step of ``served`` answered, in send order
+    (their prompts are not stored, so each step's measured prefix hits are spread over its requests)."""
+    longest = max((step for s in served for step in s.steps), key=lambda step: len(step.rows))
+    ordered = sorted(longest.rows, key=lambda r: float(r["sent_s"]))
+    return [Shape(int(r["prompt_tokens"] or 1), max(int(r["output_tokens"] or 0), 1)) for r in ordered
+            if r.get("done_s") is not None]  # fmt: skip
+
+
 def predict_rows(
     rows: Sequence[dict[str, Any]], study: optuna.Study, adapters: Mapping[str, EngineAdapter]
 ) -> list[dict[str, Any]]:
@@ -43,13 +58,7 @@ def predict_rows(
     served = served_trials(study, {})
     if plan is None or not served:
         return list(rows)
-    longest = max((step for s in served for step in s.steps), key=lambda step: len(step.rows))
-    ordered = sorted(longest.rows, key=lambda r: float(r["sent_s"]))
-    shapes = [Shape(int(r["prompt_tokens"] or 1), max(int(r["output_tokens"] or 0), 1)) for r in ordered
-              if r.get("done_s") is not None]  # fmt: skip
-    hw = study_attrs_of(study).get("hardware") or {}  # the study's machine, which its trials measured
-    device = Device(str(hw.get("kind", "cuda")), str(hw.get("name", "")), int(hw.get("memory_bytes") or 0))
-    model = EngineModel.fit(served, adapters, device, plan, shapes)
+    model = EngineModel.fit(served, adapters, device_of_study(study), plan, shapes_of(served))
     out = []
     for row in rows:
         said = model.predict(row["engine"], row["params"], None)

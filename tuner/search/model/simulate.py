@@ -13,6 +13,12 @@ What it holds is what vLLM's V1 scheduler does each step (``vllm/v1/core/sched/s
 * speculation: a decoding request schedules 1 + K tokens and emits, on average, 1 + a + ... + a^K
   of them at a per-position acceptance a (``Speculation``); drafting takes K passes per step.
 
+With ``Limits.prefill_first`` it runs SGLang's scheduler instead (``get_next_batch_to_run`` without
+``--enable-mixed-chunk``): an iteration is either a prefill batch (the prompt being chunked first,
+then waiting requests, up to the token budget) or, when no request waits to be admitted and none
+is mid-prompt, a decode batch of every running request, with no token budget. Decoding requests
+wait while prompts are prefilled.
+
 An iteration costs ``Costs.theta . features`` seconds (``FEATURES``, plus a draft model's own), so a
 request's first and last token times are, for a fixed schedule, linear in the costs: the start of
 its busy period plus the summed features of the iterations up to then. ``tuner.search.model.fit``
@@ -56,11 +62,13 @@ class Work:
 @dataclass(frozen=True)
 class Limits:
     """One config's scheduler: token budget and sequences per iteration, the KV pool in tokens
-    (None: unbounded)."""
+    (None: unbounded), and whether prefill runs in iterations of its own (``prefill_first``:
+    ``tuner.engines.base.SchedulerLimits`` says which engine does)."""
 
     token_budget: int | None
     max_seqs: int | None
     kv_tokens: int | None
+    prefill_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ class Timeline:
     done_features: np.ndarray | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # one request is itself only: `in running` and `remove` compare identities, not fields
 class _Request:
     index: int
     work: Work
@@ -150,6 +158,7 @@ def simulate(
     now, busy_start = 0.0, 0.0
     acc = np.zeros(n_features)
     x = np.zeros(n_features)
+    decode_next = False  # prefill first: the last prefill iteration admitted nothing, so decode now
     for _ in range(max_iterations):
         if not waiting and not running:
             if not pending:
@@ -159,7 +168,13 @@ def simulate(
         while pending and works[pending[0]].arrival_s <= now:
             i = pending.popleft()
             waiting.append(_Request(i, works[i], max(works[i].prompt_tokens, 1)))
-        budget = budget_cap
+        # prefill first (SGLang): this iteration prefills if a prompt is mid-way or a request may be
+        # admitted, and decodes (every running request, no token budget) otherwise
+        prefilling = limits.prefill_first and not decode_next and (
+            any(r.computed < r.to_compute for r in running) or (bool(waiting) and len(running) < seqs_cap)
+        )  # fmt: skip
+        decode_next = False
+        budget = math.inf if limits.prefill_first and not prefilling else budget_cap
         scheduled: list[tuple[_Request, int, int]] = []  # request, tokens, speculative tokens
         preempted = False
         batch = len(running)
@@ -168,6 +183,9 @@ def simulate(
         while index < len(running) and budget > 0:
             req = running[index]
             prefill = req.computed < req.to_compute
+            if limits.prefill_first and prefill != prefilling:
+                index += 1  # a decode waits for a prefill iteration to end, and the other way round
+                continue
             want = req.to_compute - req.computed if prefill else 1 + k_now
             n = int(min(want, budget))
             need = _blocks(req.kv + n) - _blocks(req.kv)
@@ -188,7 +206,8 @@ def simulate(
             scheduled.append((req, n, 0 if prefill else n - 1))
             budget -= n
             index += 1
-        while not preempted and waiting and len(running) < seqs_cap and budget > 0:
+        admits = prefilling or not limits.prefill_first
+        while admits and not preempted and waiting and len(running) < seqs_cap and budget > 0:
             req = waiting[0]
             if not req.looked_up and req.work.blocks is not None:
                 req.looked_up = True
@@ -209,6 +228,9 @@ def simulate(
             scheduled.append((req, n, 0))
             budget -= n
         if not scheduled:
+            if prefilling and running:
+                decode_next = True  # no prompt could be admitted (the pool is full): the running decode
+                continue
             # nothing fits (a prompt larger than the whole pool): it can never run
             if waiting and not running:
                 waiting.popleft()

@@ -1,0 +1,170 @@
+"""The performance model on a GPU study's own trials: leave one trial out, as the study's next boots see it.
+
+Run: ``.venv/bin/python -m tests.benchmarks.bench_model_study [--storage URL --study NAME]`` (boots
+nothing; minutes on 2 cores). Not part of the default test run. Writes the ``model-study`` section of
+``reports/search.md`` and ``reports/search_model.json``. The default is study 1 on the H200
+(``reports/gpu-h200/study-1/rag-h200-study-1.db``).
+
+For each served trial, the model is fitted on every other served trial of the study (as ``tuner plan
+--study`` fits it, ``tuner.search.model.ranking``) and predicts that trial's capacity under each scored
+tier; the truth is the capacity the trial's own search claimed, with its bracket. What the other trials
+never measured (an engine never booted, a draft never run on that engine) gives a range instead of
+one value, and a prediction the model cannot make at all (no trial of that engine) says so. Reported
+per trial: the point prediction and its range against the claim and its bracket, and the seconds the
+fit and prediction took here; then how many point predictions came within 20 % of the claim, and how
+many claims lie inside the predicted range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import optuna
+
+from tests.benchmarks import _report
+from tuner.engines import ADAPTERS
+from tuner.search.model.history import served_of
+from tuner.search.model.predict import EngineModel
+from tuner.search.model.ranking import device_of_study, plan_of_study, shapes_of
+from tuner.study.attrs import trial_attrs
+
+STUDY = "rag-h200-study-1"
+STORAGE = f"sqlite:///{_report.REPORTS / 'gpu-h200' / 'study-1' / (STUDY + '.db')}"
+WITHIN = 0.20  # the issue's goal, as bench_model judges the CPU table
+MD_PATH = _report.REPORTS / "search.md"
+JSON_PATH = _report.REPORTS / "search_model.json"
+
+
+def label(engine: str, params: dict[str, Any]) -> str:
+    """A trial's config in a few words: its engine and the parameters it sets."""
+    if not params:
+        return f"{engine} defaults"
+    return f"{engine} " + ", ".join(f"{k}={v}" for k, v in params.items() if k != "spec_schedule")
+
+
+def leave_one_out(study: optuna.Study) -> dict[str, Any]:
+    plan = plan_of_study(study)
+    if plan is None:
+        raise SystemExit(f"study {study.study_name!r} is not a capacity study: it stores no capacity plan")
+    device = device_of_study(study)
+    adapters = {name: cls() for name, cls in ADAPTERS.items()}
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    served = {t.number: s for t in trials if (s := served_of(t, {})) is not None}
+    # the model on every trial: how well its costs explain the token times, and what it says of the
+    # trials it was fitted on (a bound on what leaving one out can give)
+    everything = list(served.values())
+    full = EngineModel.fit(everything, adapters, device, plan, shapes_of(everything))
+    fits = {engine: {"residual": f.residual, "rounds": f.rounds, "requests": f.requests, "steps": f.steps}
+            for engine, f in full.fits.items()}  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    for number, held in served.items():
+        others = [s for n, s in served.items() if n != number]
+        began = time.monotonic()
+        model = EngineModel.fit(others, adapters, device, plan, shapes_of(others))
+        said = model.predict(held.engine, held.params, held.kv_tokens)
+        seconds = time.monotonic() - began
+        tiers = (trial_attrs(study.trials[number]).get("capacity") or {}).get("tiers") or {}
+        row: dict[str, Any] = {"trial": number, "config": label(held.engine, dict(held.params)),
+                               "basis": next(iter(said.values())).basis, "seconds": round(seconds, 1)}  # fmt: skip
+        inside = full.predict(held.engine, held.params, held.kv_tokens)
+        for tier in plan.scored:
+            p, claim = said[tier], tiers.get(tier) or {}
+            row[tier] = {"predicted": p.capacity_req_s, "range": [p.low_req_s, p.high_req_s],
+                         "measured": claim.get("capacity_req_s"), "bracket": claim.get("bracket_req_s"),
+                         "in_sample": inside[tier].capacity_req_s}  # fmt: skip
+        rows.append(row)
+        print(f"trial {number}: " + ", ".join(f"{t} {_fig(row[t]['predicted'])} vs {_fig(row[t]['measured'])}"
+                                              for t in plan.scored), flush=True)  # fmt: skip
+    summary = {tier: summarize([r[tier] for r in rows]) for tier in plan.scored}
+    return {"study": study.study_name, "device": device.name, "tiers": list(plan.scored), "rows": rows,
+            "summary": summary, "fits": fits}  # fmt: skip
+
+
+def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the point predictions and ranges of one tier met the claims."""
+    pairs = [(c["predicted"], c["measured"]) for c in cells if c["predicted"] is not None and c["measured"]]
+    errors = [p / m - 1 for p, m in pairs]
+    ranged = [c for c in cells if c["range"][0] is not None and c["measured"]]
+    return {
+        "trials": len(cells), "predicted": len(pairs),
+        "within": sum(1 for e in errors if abs(e) <= WITHIN),
+        "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
+        "ranged": len(ranged),
+        "in_range": sum(1 for c in ranged if c["range"][0] * (1 - 1e-9) <= c["measured"] <= c["range"][1] * (1 + 1e-9)),
+    }  # fmt: skip
+
+
+def _fig(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _range(cell: dict[str, Any]) -> str:
+    low, high = cell["range"]
+    if low is None:
+        return "-"
+    return _fig(low) if abs(high - low) <= 1e-9 * max(high, 1.0) else f"{_fig(low)}–{_fig(high)}"
+
+
+def _error(cell: dict[str, Any]) -> str:
+    if cell["predicted"] is None or not cell["measured"]:
+        return "-"
+    return f"{cell['predicted'] / cell['measured'] - 1:+.0%}"
+
+
+def render(data: dict[str, Any]) -> str:
+    tiers = data["tiers"]
+    per_tier = ("predicted", "range", "claimed [bracket)", "error", "in-sample")
+    header = ["trial", "config", *(f"{t} {h}" for t in tiers for h in per_tier), "basis", "fit and predict (s)"]
+    body = []
+    for r in data["rows"]:
+        cells: list[Any] = [r["trial"], f"`{r['config']}`"]
+        for t in tiers:
+            c = r[t]
+            bracket = c["bracket"] or [None, None]
+            claimed = f"{_fig(c['measured'])} [{_fig(bracket[0])}, {_fig(bracket[1])})"
+            cells += [_fig(c["predicted"]), _range(c), claimed, _error(c), _fig(c["in_sample"])]
+        body.append([*cells, r["basis"], r["seconds"]])
+    lines = [
+        "## The performance model on the H200 study (`tests/benchmarks/bench_model_study.py`)", "",
+        f"Study `{data['study']}` on {data['device']}, leave one trial out: the model is fitted on every other "
+        "served trial of the study and predicts the held-out trial's capacity (req/s) before, as it were, it "
+        "boots; the truth is the capacity that trial's own search claimed. A range is what the other trials "
+        "left unmeasured (a draft or an engine they never ran); one value means every fact was measured. "
+        "The in-sample column is the model fitted on every trial, the held-out one included.", "",
+        _report.table(header, body), "",
+    ]  # fmt: skip
+    for t in tiers:
+        s = data["summary"][t]
+        mae = "-" if s["median_abs_error"] is None else f"{s['median_abs_error']:.0%}"
+        lines.append(
+            f"- {t}: {s['within']} of {s['predicted']} point predictions within {WITHIN:.0%} of the claim "
+            f"(median absolute error {mae}); {s['in_range']} of {s['ranged']} claims inside the predicted range; "
+            f"{s['trials'] - s['predicted']} of {s['trials']} trials the model could not predict at all."
+        )  # fmt: skip
+    for engine, f in data["fits"].items():
+        lines.append(
+            f"- The fit on every trial, {engine}: relative RMS error of the token times {f['residual']:.0%} over "
+            f"{f['requests']} requests of {f['steps']} steps, after {f['rounds']} fixed-point rounds."
+        )  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--storage", default=STORAGE)
+    parser.add_argument("--study", default=STUDY)
+    args = parser.parse_args()
+    started = _report.stamp()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.load_study(study_name=args.study, storage=args.storage)
+    data = {"stamp": started, **leave_one_out(study)}
+    text = render(data)
+    _report.write_section("model-study", text, data, MD_PATH, JSON_PATH)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
