@@ -61,20 +61,17 @@ def run_finalists(
     chosen = [t for t in ranked if not is_default(t)][:k]
     chosen += [t for t in ranked if is_default(t)]
     chosen.sort(key=lambda t: not is_default(t))  # the default first: the reference
-    finalists, checked = [], {}
+    finalists = []
     for trial in chosen:
-        runs = _runs(trial, n, ctx, enforce_eager, stress)
+        runs = _runs(study, trial, n, ctx, enforce_eager, stress)
         if n > 0:
             finalists.append(_summary(trial, runs))
-        if stress:
-            checked[trial.number] = (trial, runs[-1])
     if stress:
-        _record_checks(study, checked, ctx)
         spare = [t for t in ranked if t not in chosen and not is_default(t)]
         while spare and not _a_tuned_config_passed(study, chosen):
             trial = spare.pop(0)
             chosen.append(trial)
-            _record_checks(study, {trial.number: (trial, _runs(trial, 0, ctx, enforce_eager, True)[-1])}, ctx)
+            _runs(study, trial, 0, ctx, enforce_eager, True)
     if n > 0:
         study.set_user_attr("finalists", finalists)
     failed = stress_failures(study)
@@ -88,7 +85,13 @@ def run_finalists(
     return verdict
 
 
-def _runs(trial: optuna.trial.FrozenTrial, n: int, ctx: TrialContext, eager: bool, stress: bool) -> list[TrialResult]:
+def _runs(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, n: int, ctx: TrialContext, eager: bool, stress: bool
+) -> list[dict[str, Any]]:
+    """The finalist's ``n`` repeats, each stored on the study as it ends (``finalist_runs``), and its stress check,
+    recorded as it ends: a search resumed after its machine went away (a GPU lease holds a few boots,
+    the finalists a dozen) runs only what is missing. The check rides on the last repeat, or on a boot
+    of its own where that repeat ran before without it."""
     config = config_of(trial, eager)
     # A capacity repeat starts at the trial's own capacity, so two steps bracket it, and is never pruned.
     metrics = trial_attrs(trial).get("metrics") or {}
@@ -97,21 +100,42 @@ def _runs(trial: optuna.trial.FrozenTrial, n: int, ctx: TrialContext, eager: boo
         for tier in (ctx.capacity.scored if ctx.capacity else ())
     }
     hint: dict[str, Any] = {"incumbents": own, "prune": False} if ctx.capacity else {}
-    runs = [run_trial(trial.number, config, ctx, repeat=i + 1, stress=stress and i == n - 1, **hint) for i in range(n)]
-    if stress and n == 0:
-        runs.append(run_trial(trial.number, config, ctx, repeat=STRESS_ONLY, stress=True, **hint))
+    runs = list((study_attrs_of(study).get("finalist_runs") or {}).get(str(trial.number)) or [])[:n]
+    for i in range(len(runs), n):
+        check = stress and i == n - 1 and not _checked(study, trial)
+        result = run_trial(trial.number, config, ctx, repeat=i + 1, stress=check, **hint)
+        runs.append(_stored(study, trial, result, i + 1))
+        if check:
+            _record_checks(study, {trial.number: (trial, result)}, ctx)
+    if stress and not _checked(study, trial):
+        result = run_trial(trial.number, config, ctx, repeat=STRESS_ONLY, stress=True, **hint)
+        _record_checks(study, {trial.number: (trial, result)}, ctx)
     return runs
 
 
-def _summary(trial: optuna.trial.FrozenTrial, runs: list[TrialResult]) -> dict[str, Any]:
-    served = [r for r in runs if r.failure is None]
-    stats = {m: interval([r.metrics[m] for r in served]) for m in REPORTED if served and m in served[0].metrics}
+def _stored(study: optuna.Study, trial: optuna.trial.FrozenTrial, result: TrialResult, repeat: int) -> dict[str, Any]:
+    """A repeat as the study keeps it (what ``_summary`` reads), appended to the finalist's runs."""
+    run = {"repeat": repeat, "failure": result.failure, "ttft_samples_ms": list(result.ttft_samples_ms),
+           "metrics": {m: result.metrics[m] for m in REPORTED if m in result.metrics}}  # fmt: skip
+    stored = dict(study_attrs_of(study).get("finalist_runs") or {})
+    stored[str(trial.number)] = [*(stored.get(str(trial.number)) or []), run]
+    study.set_user_attr("finalist_runs", stored)
+    return run
+
+
+def _checked(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+    return str(trial.number) in (study_attrs_of(study).get("stress") or {})
+
+
+def _summary(trial: optuna.trial.FrozenTrial, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    served = [r for r in runs if r["failure"] is None]
+    stats = {m: interval([r["metrics"][m] for r in served]) for m in REPORTED if served and m in served[0]["metrics"]}
     return {
         "trial": trial.number,
         "config_kind": trial_attrs(trial).get("config_kind"),
-        "failures": [r.failure for r in runs if r.failure is not None],
+        "failures": [r["failure"] for r in runs if r["failure"] is not None],
         "stats": stats,
-        "ttft_samples_ms": sorted(x for r in served for x in r.ttft_samples_ms),
+        "ttft_samples_ms": sorted(x for r in served for x in r["ttft_samples_ms"]),
     }
 
 

@@ -93,6 +93,8 @@ class StudyAttrs(TypedDict, total=False):
     capacity_plan: dict[str, Any] | None
     options: dict[str, Any]
     finalists: list[dict[str, Any]]
+    # each finalist's fresh-boot repeats as they ended, by trial number (a resumed search runs the rest)
+    finalist_runs: dict[str, list[dict[str, Any]]]
     verdict: dict[str, Any]
     stress: dict[str, dict[str, Any]]
     gpu_price_usd_per_hour: float  # tuner search --gpu-price (tuner.study.cost)

@@ -99,3 +99,40 @@ def test_when_every_finalist_breaks_the_next_config_is_checked(study: optuna.Stu
     assert checks["1"]["failure"] == "slo_collapse"
     assert checks["2"]["failure"] is None, "the next config (trial 2) was checked and passed"
     assert "3" not in checks, "checking stops at the first config that passes"
+
+
+def test_finalists_stopped_mid_way_resume_with_what_had_ended(study: optuna.Study, ctx: TrialContext,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # a GPU lease holds a few boots and the finalists need a dozen: the machine goes away mid-way
+    booted: list[tuple[int, int | None, bool]] = []
+
+    def boots_until(limit: int | None) -> Any:
+        def run(number: int, config: Config, ctx: TrialContext, repeat: int | None = None, stress: bool = False,
+                **kw: Any) -> TrialResult:  # fmt: skip
+            if limit is not None and len(booted) == limit:
+                raise KeyboardInterrupt  # the lease ended during this boot
+            booted.append((number, repeat, stress))
+            return _scripted(number, config, ctx, repeat, stress, **kw)
+
+        return run
+
+    monkeypatch.setattr(finalists, "run_trial", boots_until(3))
+    with pytest.raises(KeyboardInterrupt):
+        finalists.run_finalists(study, k=3, n=2, ctx=ctx, enforce_eager=True)
+    assert booted == [(0, 1, False), (0, 2, True), (1, 1, False)]
+    assert list(study.user_attrs["finalist_runs"]) == ["0", "1"] and list(study.user_attrs["stress"]) == ["0"]
+    monkeypatch.setattr(finalists, "run_trial", boots_until(None))
+    verdict = finalists.run_finalists(study, k=3, n=2, ctx=ctx, enforce_eager=True)
+    # only what had not ended boots again: trial 1's second repeat (with its check), then trials 2 and 3
+    assert booted[3:] == [(1, 2, True), (2, 1, False), (2, 2, True), (3, 1, False), (3, 2, True)]
+    assert {f["trial"]: f["stats"]["goodput_req_s"]["n"] for f in study.user_attrs["finalists"]} == {
+        0: 2, 1: 2, 2: 2, 3: 2,
+    }, "every finalist's summary reads both its repeats, those of the first run included"  # fmt: skip
+    checks = study.user_attrs["stress"]
+    assert checks["1"]["failure"] == "slo_collapse" and checks["3"]["failure"] == "oom_load"
+    added = [t.user_attrs["stress_of"] for t in study.trials if t.user_attrs.get("config_kind") == "stress_check"]
+    assert sorted(added) == [1, 3], "each failed check is one trial, however often the search resumed"
+    assert verdict["stress_failed"] == [1, 3]
+    # a third run finds everything done and boots nothing
+    monkeypatch.setattr(finalists, "run_trial", boots_until(len(booted)))
+    assert finalists.run_finalists(study, k=3, n=2, ctx=ctx, enforce_eager=True) == verdict
