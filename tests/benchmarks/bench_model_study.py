@@ -51,7 +51,8 @@ def leave_one_out(study: optuna.Study) -> dict[str, Any]:
         raise SystemExit(f"study {study.study_name!r} is not a capacity study: it stores no capacity plan")
     device = device_of_study(study)
     adapters = {name: cls() for name, cls in ADAPTERS.items()}
-    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    # the trials the model learns from (``served_trials``: complete and pruned), each held out in turn
+    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
     served = {t.number: s for t in trials if (s := served_of(t, {})) is not None}
     # the model on every trial: how well its costs explain the token times, and what it says of the
     # trials it was fitted on (a bound on what leaving one out can give)

@@ -106,10 +106,9 @@ def _runs(
         result = run_trial(trial.number, config, ctx, repeat=i + 1, stress=check, **hint)
         runs.append(_stored(study, trial, result, i + 1))
         if check:
-            _record_checks(study, {trial.number: (trial, result)}, ctx)
+            _record_check(study, trial, result, ctx)
     if stress and not _checked(study, trial):
-        result = run_trial(trial.number, config, ctx, repeat=STRESS_ONLY, stress=True, **hint)
-        _record_checks(study, {trial.number: (trial, result)}, ctx)
+        _record_check(study, trial, run_trial(trial.number, config, ctx, repeat=STRESS_ONLY, stress=True, **hint), ctx)
     return runs
 
 
@@ -171,22 +170,18 @@ def _finite(value: Any) -> Any:
     return value if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def _record_checks(
-    study: optuna.Study, checked: dict[int, tuple[optuna.trial.FrozenTrial, TrialResult]], ctx: TrialContext
-) -> None:
+def _record_check(study: optuna.Study, trial: optuna.trial.FrozenTrial, run: TrialResult, ctx: TrialContext) -> None:
+    """Judge one finalist's stress run and store it at once: the defaults' check, stored first, is the
+    reference for the others."""
     checks = dict(study_attrs_of(study).get("stress") or {})
     default = next((c for c in checks.values() if c["config_kind"] == DEFAULT_KIND and c.get("ran")), None)
-    default_stress = _peak_figures(default) if default else None
-    for number, (trial, run) in checked.items():
-        # A capacity trial met its SLO at its capacity rate, not at the stress run's peak concurrency:
-        # there only survival and a collapse against itself and the default are judged.
-        entry = _judge_one(trial, run, {} if ctx.capacity else ctx.slo, default_stress)
-        if entry["config_kind"] == DEFAULT_KIND and entry["ran"]:
-            default_stress = _peak_figures(entry)
-        checks[str(number)] = entry
-        if entry["failure"]:
-            _add_failed_check(study, trial, entry)
-        ctx.progress.line(_describe(entry))
+    # A capacity trial met its SLO at its capacity rate, not at the stress run's peak concurrency:
+    # there only survival and a collapse against itself and the default are judged.
+    entry = _judge_one(trial, run, {} if ctx.capacity else ctx.slo, _peak_figures(default) if default else None)
+    checks[str(trial.number)] = entry
+    if entry["failure"]:
+        _add_failed_check(study, trial, entry)
+    ctx.progress.line(_describe(entry))
     study.set_user_attr("stress", checks)
 
 
