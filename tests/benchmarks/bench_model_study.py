@@ -58,7 +58,8 @@ def leave_one_out(study: optuna.Study) -> dict[str, Any]:
     # trials it was fitted on (a bound on what leaving one out can give)
     everything = list(served.values())
     full = EngineModel.fit(everything, adapters, device, plan, shapes_of(everything))
-    fits = {engine: {"residual": f.residual, "rounds": f.rounds, "requests": f.requests, "steps": f.steps}
+    fits = {engine: {"residual": f.residual, "rounds": f.rounds, "requests": f.requests, "steps": f.steps,
+                     "costs": f.as_dict()}
             for engine, f in full.fits.items()}  # fmt: skip
     rows: list[dict[str, Any]] = []
     for number, held in served.items():
@@ -148,7 +149,10 @@ def render(data: dict[str, Any]) -> str:
     for engine, f in data["fits"].items():
         lines.append(
             f"- The fit on every trial, {engine}: relative RMS error of the token times {f['residual']:.0%} over "
-            f"{f['requests']} requests of {f['steps']} steps, after {f['rounds']} fixed-point rounds."
+            f"{f['requests']} requests of {f['steps']} steps, after {f['rounds']} fixed-point rounds. "
+            f"Costs (s; prefill attention per million token pairs, decode context per million tokens read): "
+            + ", ".join(f"{k} {v:.3g}" for k, v in f["costs"]["target"].items())
+            + f"; per request {f['costs']['overhead_s']:.3g}."
         )  # fmt: skip
     return "\n".join(lines) + "\n"
 
