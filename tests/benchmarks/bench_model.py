@@ -230,8 +230,7 @@ def render(data: dict[str, Any]) -> str:
         _report.table(["config", *[f"{t} predicted / measured" for t in TIERS]],
                       [[r["config"], *[f"{(r[f'{t}_predicted'] or 0):.2f} / {r[f'{t}_measured']:.2f}" for t in TIERS]]
                        for r in loo["rows"]]), "",
-        "The fit on all served configs (seconds per unit; prefill attention per million token pairs, decode "
-        "context per million tokens read): "
+        "The fit on all served configs (seconds per unit; attention per million token pairs): "
         + ", ".join(f"{k} {v:.3g}" for k, v in fit["target"].items())
         + "; drafting " + "; ".join(f"{d}: " + ", ".join(f"{k} {v:.3g}" for k, v in c.items())
                                      for d, c in fit["drafts"].items())

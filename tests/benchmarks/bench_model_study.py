@@ -150,7 +150,7 @@ def render(data: dict[str, Any]) -> str:
         lines.append(
             f"- The fit on every trial, {engine}: relative RMS error of the token times {f['residual']:.0%} over "
             f"{f['requests']} requests of {f['steps']} steps, after {f['rounds']} fixed-point rounds. "
-            f"Costs (s; prefill attention per million token pairs, decode context per million tokens read): "
+            f"Costs (s; attention per million token pairs): "
             + ", ".join(f"{k} {v:.3g}" for k, v in f["costs"]["target"].items())
             + f"; per request {f['costs']['overhead_s']:.3g}."
         )  # fmt: skip

@@ -22,13 +22,10 @@ from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.model.fit import Fit, ObservedStep, fit_costs, nnls
 from tuner.search.model.history import Served, Shape, computed_prompts
 from tuner.search.model.predict import EngineModel, Prediction, bisect_capacity, expected_improvement, model_sigma
-from tuner.search.model.roofline import EFFICIENCY, ModelFacts, peaks_of, smallest, start_costs
-from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, Work, acceptance_of, simulate
+from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of, simulate
 
-UNIT = np.array([1.0, 0.0, 0.0, 0.0, 0.0])  # one second per iteration, nothing else: schedules read as counts
-# iteration, token, sequence (s), prefill attention (s per million token pairs), decode context (s per
-# million tokens read)
-TRUE = np.array([0.012, 3e-4, 2e-3, 0.05, 0.5])
+UNIT = np.array([1.0, 0.0, 0.0, 0.0])  # one second per iteration, nothing else: schedules read as counts
+TRUE = np.array([0.012, 3e-4, 2e-3, 0.05])  # iteration, token, sequence, attention (s)
 TRUE_DRAFT = (0.004, 5e-5)
 OVERHEAD = 0.03
 CPU = Device("cpu", "cpu", 2**30)
@@ -81,7 +78,7 @@ def test_a_full_kv_pool_keeps_the_next_request_waiting() -> None:
 
 
 def test_the_prefix_cache_spares_what_an_earlier_request_computed() -> None:
-    token = np.array([0.0, 1e-3, 0.0, 0.0, 0.0])
+    token = np.array([0.0, 1e-3, 0.0, 0.0])
     shared = (1, 2, 3)  # three blocks of 16 tokens in common
     lines = simulate([Work(0.0, 64, 1, (*shared, 4)), Work(10.0, 64, 1, (*shared, 5))], Limits(None, 8, None), token)
     assert lines[0].first_s == pytest.approx(0.064)
@@ -123,14 +120,10 @@ def test_the_fit_recovers_the_costs_of_a_synthetic_engine() -> None:
              + _steps(Limits(512, 8, 8000), Speculation("d1", 3, 0.6), 3))  # fmt: skip
     fit = fit_costs(steps)
     assert fit is not None
-    iteration, token, sequence, _, decode_context = fit.target
+    iteration, token, sequence, _ = fit.target
     assert iteration == pytest.approx(TRUE[0], rel=0.05)
     assert token == pytest.approx(TRUE[1], rel=0.05)
-    # A decoding sequence costs its own share and the context it reads. Every decode batch holds
-    # sequences of much the same mean context (the workload's), so the data fix their sum at that
-    # context, not how it splits: that sum the fit must give back.
-    context = 650 / 1e6  # the synthetic requests' mean prompt and half their output, in millions
-    assert sequence + decode_context * context == pytest.approx(TRUE[2] + TRUE[4] * context, rel=0.10)
+    assert sequence == pytest.approx(TRUE[2], rel=0.10)
     assert fit.drafts["d1"] == pytest.approx(TRUE_DRAFT, rel=0.10)
     assert fit.overhead_s == pytest.approx(OVERHEAD, rel=0.10)
     assert fit.residual < 0.03  # the token times it gives are within a few per cent of the true ones
@@ -151,10 +144,10 @@ def test_the_fit_recovers_the_costs_of_an_engine_that_prefills_first() -> None:
     # turns on whether a request has arrived by its start, so the schedule jumps with the costs, and
     # the fixed point settles a few per cent from the truth even when started next to it.
     def prefill_s(costs: np.ndarray, tokens: int) -> float:
-        return float(costs @ np.array([1.0, tokens, 1.0, tokens * tokens / 2e6, 0.0]))
+        return float(costs @ np.array([1.0, tokens, 1.0, tokens * tokens / 2e6]))
 
     def decode_s(costs: np.ndarray, seqs: int, context: int) -> float:
-        return float(costs @ np.array([1.0, seqs, seqs, 0.0, seqs * context / 1e6]))
+        return float(costs @ np.array([1.0, seqs, seqs, seqs * context / 1e6]))
 
     fitted = np.array(fit.target)
     for tokens in (300, 650, 1000):
@@ -313,36 +306,3 @@ def test_a_draft_one_engine_ran_brings_its_acceptance_to_the_other_engine() -> N
     for p in (known, unknown):
         assert p.low_req_s is not None and p.high_req_s is not None and p.low_req_s < p.high_req_s
     assert known.high_req_s - known.low_req_s < unknown.high_req_s - unknown.low_req_s  # type: ignore[operator]
-
-
-def test_the_roofline_start_prices_weights_tokens_and_context_at_the_gpus_peaks() -> None:
-    h200 = Device("cuda", "NVIDIA H200", 150 * 2**30)
-    assert peaks_of(h200) == (4.8e12, 989e12)
-    assert peaks_of(Device("cuda", "NVIDIA L4", 24 * 2**30)) == (0.3e12, 121e12)  # not the L40S
-    assert peaks_of(Device("cuda", "NVIDIA L40S", 48 * 2**30)) == (0.864e12, 362e12)
-    assert peaks_of(Device("cuda", "NVIDIA A100-SXM4-40GB", 40 * 2**30)) == (1.555e12, 312e12)
-    assert peaks_of(Device("cuda", "Some Future GPU", 2**30)) is None
-    assert peaks_of(CPU) is None
-    facts = ModelFacts(weights_bytes=16e9, kv_bytes_per_token=131072)
-    costs = dict(zip(TARGET_FEATURES, start_costs(h200, facts) or (), strict=True))
-    bandwidth, flops = 4.8e12 * EFFICIENCY, 989e12 * EFFICIENCY
-    assert costs["iteration"] == pytest.approx(16e9 / bandwidth)  # every weight read once
-    assert costs["token"] == pytest.approx(2 * 8e9 / flops)  # two operations per parameter
-    assert costs["decode_context"] == pytest.approx(1e6 * 131072 / bandwidth)  # per million tokens read
-    assert costs["sequence"] == costs["prefill_attention"] == 0.0
-    assert start_costs(CPU, facts) is None and start_costs(h200, None) is None
-    # the target's own facts: a trial that ran a draft counted the draft's weights and cache too
-    assert smallest([ModelFacts(17e9, 139264), facts]) == facts
-
-
-def test_a_second_start_at_the_roofline_keeps_the_better_end() -> None:
-    steps = _steps(Limits(512, 4, 4000), None, 1) + _steps(Limits(2048, 2, 8000), None, 2)
-    plain = fit_costs(steps)
-    at_truth = fit_costs(steps, roofline=tuple(TRUE))
-    far = fit_costs(steps, roofline=tuple(TRUE * 50))
-    assert plain is not None and at_truth is not None and far is not None
-    # started at the true costs the fixed point stays there (the request overhead starts at nothing and
-    # is found); started far off it is no worse than without
-    assert at_truth.target == pytest.approx(tuple(TRUE), rel=1e-6)
-    assert at_truth.residual <= plain.residual
-    assert far.residual <= plain.residual

@@ -180,46 +180,14 @@ def _start(steps: Sequence[ObservedStep], drafts: Sequence[str], start: Fit | No
     return costs
 
 
-def fit_costs(
-    steps: Sequence[ObservedStep], rounds: int = ITERATIONS, start: Fit | None = None,
-    roofline: Sequence[float] | None = None,
-) -> Fit | None:  # fmt: skip
+def fit_costs(steps: Sequence[ObservedStep], rounds: int = ITERATIONS, start: Fit | None = None) -> Fit | None:
     """The costs that best explain ``steps`` (one engine's), or None without a measured request.
 
     Each round moves the costs ``RELAX`` times the way the least squares points (the plain fixed
     point creeps towards its answer one schedule at a time); the round whose costs simulate the
-    measured times best is kept, since near the answer a schedule flips back and forth. Where the
-    fixed point ends depends on where it starts: with ``roofline`` (the target's costs at the GPU's
-    peak rates, ``tuner.search.model.roofline``) it also runs from there, and the better end is kept."""
+    measured times best is kept, since near the answer a schedule flips back and forth."""
     drafts = sorted({s.spec.draft for s in steps if s.spec is not None})
-    first = _start(steps, drafts, start)
-    starts = [first]
-    if roofline is not None:
-        physical = first.copy()
-        physical[: len(TARGET_FEATURES)] = roofline
-        physical[-1] = 0.0
-        starts.append(physical)
-    best: tuple[float, np.ndarray, int] | None = None
-    for costs in starts:
-        ended = _fixed_point(steps, drafts, costs, rounds)
-        if ended is None:
-            return None
-        if best is None or ended[0] < best[0]:
-            best = ended
-    assert best is not None
-    residual, costs, done = best
-    n_target, n_draft = len(TARGET_FEATURES), len(DRAFT_FEATURES)
-    by_draft = {d: costs[n_target + n_draft * i : n_target + n_draft * (i + 1)] for i, d in enumerate(drafts)}
-    return Fit(
-        tuple(float(c) for c in costs[:n_target]), {d: (float(c[0]), float(c[1])) for d, c in by_draft.items()},
-        float(costs[-1]), residual, sum(len(s.works) for s in steps), len(steps), done,
-    )  # fmt: skip
-
-
-def _fixed_point(
-    steps: Sequence[ObservedStep], drafts: Sequence[str], costs: np.ndarray, rounds: int
-) -> tuple[float, np.ndarray, int] | None:
-    """From ``costs``, the best round's (residual, costs, round), or None without a measured request."""
+    costs = _start(steps, drafts, start)
     best: tuple[float, np.ndarray, int] | None = None
     for done in range(1, rounds + 1):
         a, y, w = _equations(steps, costs, drafts)
@@ -232,4 +200,11 @@ def _fixed_point(
         if np.abs(new - costs).max() <= TOLERANCE * max(float(np.abs(new).max()), 1e-12):
             break
         costs = np.maximum(costs + RELAX * (new - costs), 0.0)
-    return best
+    assert best is not None
+    residual, costs, done = best
+    n_target, n_draft = len(TARGET_FEATURES), len(DRAFT_FEATURES)
+    by_draft = {d: costs[n_target + n_draft * i : n_target + n_draft * (i + 1)] for i, d in enumerate(drafts)}
+    return Fit(
+        tuple(float(c) for c in costs[:n_target]), {d: (float(c[0]), float(c[1])) for d, c in by_draft.items()},
+        float(costs[-1]), residual, sum(len(s.works) for s in steps), len(steps), done,
+    )  # fmt: skip

@@ -20,7 +20,6 @@ import optuna
 from tuner.engines.base import Device, EngineAdapter
 from tuner.measure.rate_steps import ROW_FIELDS, Measured
 from tuner.search.model.fit import ObservedStep
-from tuner.search.model.roofline import ModelFacts
 from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of
 from tuner.study.attrs import STRESS_CHECK_KIND, trial_attrs
 
@@ -36,7 +35,6 @@ class Served:
     params: Mapping[str, Any]
     kv_tokens: int | None
     steps: tuple[Measured, ...]
-    facts: ModelFacts | None = None  # the memory screen's estimate of what it served (draft included)
 
 
 def measured_of(stored: Mapping[str, Any]) -> Measured:
@@ -58,11 +56,7 @@ def served_of(trial: optuna.trial.FrozenTrial, blocks: Mapping[str, tuple[int, .
     if not steps or "engine" not in a:
         return None
     kv = (a.get("memory_facts") or {}).get("kv_tokens")
-    estimate = a.get("memory_estimate") or {}
-    facts = None
-    if estimate.get("weights_bytes") and estimate.get("kv_bytes_per_token"):
-        facts = ModelFacts(float(estimate["weights_bytes"]), float(estimate["kv_bytes_per_token"]))
-    return Served(a["engine"], dict(a.get("config") or {}), None if kv is None else int(kv), steps, facts)
+    return Served(a["engine"], dict(a.get("config") or {}), None if kv is None else int(kv), steps)
 
 
 def _with_blocks(step: Measured, blocks: Mapping[str, tuple[int, ...]]) -> Measured:

@@ -50,7 +50,6 @@ from tuner.search.model.history import (
     speculation,
     step_works,
 )
-from tuner.search.model.roofline import smallest, start_costs
 from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, simulate
 from tuner.workloads.arrivals import Arrival, release_times
 
@@ -111,8 +110,7 @@ class EngineModel:
             for s in mine:
                 draft = str(s.params.get("draft_model"))
                 steps += observed(s, adapters[engine], device, acceptance[engine].get(draft, NO_ACCEPTANCE))
-            facts = smallest([s.facts for s in mine if s.facts is not None])
-            fitted = fit_costs(steps, start=(start or {}).get(engine), roofline=start_costs(device, facts))
+            fitted = fit_costs(steps, start=(start or {}).get(engine))
             if fitted is not None:
                 fits[engine] = fitted
         hits = [hit_rate(step) for s in served for step in s.steps if "prefix_cache_hit_rate" in step.server]

@@ -37,20 +37,12 @@ import numpy as np
 from tuner.workloads.inspection import BLOCK_TOKENS  # the KV cache's block, as the prefix cache counts it
 
 # What one iteration holds, each with a cost per unit (seconds): the iteration itself, every token
-# it computes (prefill and decode, verification included), every sequence in it, and attention in
-# two kinds that cost differently per unit. Prefill attention is every prompt token computed against
-# its context so far (millions of token pairs): compute-bound, its keys reused by the whole chunk.
-# Decode attention is the context a decoding (or verifying) sequence reads (millions of tokens):
-# bound by memory, each cached key read once per sequence and iteration whatever K. On the H200 one
-# million tokens of context cost about ten times more read by decodes than one million pairs computed
-# by a prefill (reports/gpu-h200/iteration-costs-1/), so one cost for both fits neither.
-TARGET_FEATURES = ("iteration", "token", "sequence", "prefill_attention", "decode_context")
+# it computes (prefill and decode, verification included), every sequence in it, and attention
+# (each computed token against its context, in millions of token pairs).
+TARGET_FEATURES = ("iteration", "token", "sequence", "attention")
 # Proposing speculative tokens: each drafting pass, and every token a draft runs (the step's, and
 # K - 1 more per speculating sequence); a model-free lookup's costs land on the same two.
 DRAFT_FEATURES = ("draft_pass", "draft_token")
-_PREFILL_ATTENTION = TARGET_FEATURES.index("prefill_attention")
-_DECODE_CONTEXT = TARGET_FEATURES.index("decode_context")
-_DRAFT_PASS, _DRAFT_TOKEN = len(TARGET_FEATURES), len(TARGET_FEATURES) + 1
 
 
 @dataclass(frozen=True)
@@ -252,17 +244,14 @@ def simulate(
         spec_seqs = 0
         for req, n, k in scheduled:
             tokens += n
-            if req.computed < req.to_compute:  # prefilling (``computed`` moves below)
-                x[_PREFILL_ATTENTION] += n * (req.kv - n + n / 2.0) / 1e6
-            else:
-                x[_DECODE_CONTEXT] += (req.kv - n) / 1e6
+            x[3] += n * (req.kv - n + n / 2.0) / 1e6
             spec_seqs += k > 0
         x[0], x[1], x[2] = 1.0, tokens, len(scheduled)
-        if n_features > _DRAFT_PASS and spec_seqs:
-            x[_DRAFT_PASS] = k_now
-            x[_DRAFT_TOKEN] = tokens + max(k_now - 1, 0) * spec_seqs
-        elif n_features > _DRAFT_PASS:
-            x[_DRAFT_TOKEN] = tokens  # the draft model prefills the prompt too
+        if n_features > len(TARGET_FEATURES) and spec_seqs:
+            x[4] = k_now
+            x[5] = tokens + max(k_now - 1, 0) * spec_seqs
+        elif n_features > len(TARGET_FEATURES):
+            x[5] = tokens  # the draft model prefills the prompt too
         now += float(theta @ x)
         acc += x
         for req, n, k in scheduled:
