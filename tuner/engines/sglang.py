@@ -65,6 +65,8 @@ SPEC_METHODS = MappingProxyType({
     "mtp": SpecSupport("NEXTN", _TREE),
     "ngram": SpecSupport("NGRAM"),
 })  # fmt: skip
+# --max-running-requests as SGLang sets it when the config speculates and leaves it out (scheduler_limits)
+SPEC_MAX_RUNNING = 48
 # Failure signatures: SGLang's own log lines (tests/data/captures), most specific first.
 SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"Loaded weights leave no GPU memory for the KV cache", "kv_insufficient"),  # 0.5.17
@@ -207,8 +209,13 @@ class SglangAdapter(EngineAdapter):
         gib = device.memory_bytes / 2**30
         default = 4096 if gib <= 0 else 2048 if gib < 35 else 4096 if gib < 60 else 8192 if gib < 160 else 16384
         # --max-running-requests, when not given, comes from the KV pool (resolve_max_num_reqs: at least
-        # 2048 where the pool allows), above any batch a capacity step here reaches: unbounded
+        # 2048 where the pool allows), above any batch a capacity step here reaches: unbounded. With
+        # speculation SGLang sets it to SPEC_MAX_RUNNING instead ("Max running requests is reset to 48
+        # for speculative decoding", speculative_hook of 0.5.23 for every algorithm this adapter passes;
+        # 0.5.17's server_args read max_running_requests=48 in study 1's trial 6 on the H200)
         seqs = params.get("max_num_seqs")
+        if seqs is None and method_of(params) != OFF:
+            seqs = SPEC_MAX_RUNNING
         # Without --enable-mixed-chunk (the default, and no parameter of the space sets it), the scheduler
         # runs a prefill batch whenever a request can be admitted or a prompt is mid-way, and the
         # running requests decode only in the iterations between (Scheduler.get_next_batch_to_run)

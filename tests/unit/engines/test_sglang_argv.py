@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from tuner.engines.sglang import SglangAdapter
 from tuner.errors import ConfigError, EnvironmentSetupError
 
 PYTHON = "/envs/sglang/bin/python"
+CAPTURES = Path(__file__).resolve().parents[2] / "data" / "captures"
 VERSION = "0.5.23"
 PORT = 41235
 MODEL = ModelSpec(
@@ -455,3 +457,18 @@ def test_the_scheduler_limits_are_sglangs_own_defaults_by_gpu_memory() -> None:
     assert adapter.scheduler_limits({}, Device("cuda", "", 0)).token_budget == 4096  # memory unknown
     given = adapter.scheduler_limits({"chunk_size": 1024, "max_num_seqs": 64}, CUDA)
     assert (given.token_budget, given.max_seqs, given.prefill_first) == (1024, 64, True)
+
+
+def test_speculation_caps_the_running_requests_as_sglang_does_when_none_are_given() -> None:
+    # SGLang 0.5.17 on the H200, the same draft at K=3 as this config, --max-running-requests not given:
+    # its resolved server_args hold the cap the scheduler then runs with
+    captured = CAPTURES / "sglang-0.5.17-h200" / "boot_ok_8b_standalone_draft_k3.log"
+    resolved = [int(n) for n in re.findall(r"max_running_requests=(\d+)", captured.read_text())]
+    assert resolved and "reset to 48 for speculative decoding" in captured.read_text()
+    spec = {"spec_method": "draft_model", "draft_model": "draft-2l", "num_speculative_tokens": 3, "spec_tree": [1, 2]}
+    adapter = SglangAdapter()
+    assert adapter.scheduler_limits(spec, CUDA).max_seqs == resolved[-1]
+    assert adapter.scheduler_limits({**spec, "max_num_seqs": 256}, CUDA).max_seqs == 256  # given, it stands
+    assert adapter.scheduler_limits({**spec, "spec_method": "ngram"}, CUDA).max_seqs == resolved[-1]
+    # without speculation the default log resolves thousands from the pool: unbounded for the model
+    assert adapter.scheduler_limits({"num_speculative_tokens": 0}, CUDA).max_seqs is None
