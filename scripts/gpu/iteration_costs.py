@@ -73,7 +73,7 @@ def main() -> None:
             "heads": HEADS,
             "kv_heads": KV_HEADS,
             "head_dim": HEAD_DIM,
-        },  # fmt: skip
+        },
         "linear": [],
         "decode_attention": [],
         "prefill_attention": [],
