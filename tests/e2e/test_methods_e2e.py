@@ -66,13 +66,19 @@ def test_each_method_booted_and_its_acceptance_is_recorded_at_every_step(specula
         assert counted, (method, spec)
         for step in counted:
             assert 0.0 <= step["acceptance_rate"] <= 1.0 and 1.0 <= step["mean_accept_len"] <= 3.0, (method, step)
-        assert spec["acceptance_rate"] in [step["acceptance_rate"] for step in spec["steps"]]
+        # the claim's step is among those served (a served step's counters are stored to 4 decimals)
+        served = [step["acceptance_rate"] for step in spec["steps"]]
+        assert any(_same(spec["acceptance_rate"], rate) for rate in served), (spec["acceptance_rate"], served)
         said.append(f"{method} ({spec['draft'] or 'no model'}): acceptance {spec['acceptance_rate']}, "
                     f"mean accepted length {spec['mean_accept_len']}")  # fmt: skip
     # the agreeing draft is right more often than a random head (near zero by construction)
     accepted = {method: t.user_attrs["speculation"]["acceptance_rate"] or 0.0 for method, t in by_method.items()}
     assert accepted["draft_model"] > accepted["eagle3"], said
     print("booted on the vLLM CPU build: " + "; ".join(said))
+
+
+def _same(claimed: float | None, served: float | None) -> bool:
+    return claimed == served if claimed is None or served is None else abs(claimed - served) < 1e-4
 
 
 def _spec_config(args: list[str]) -> str:

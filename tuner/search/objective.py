@@ -296,27 +296,29 @@ def _finite(value: float) -> float | None:
 def speculation_attrs(result: TrialResult) -> dict[str, Any] | None:
     """A speculating trial's method, draft or head, K and what the engine's counters say of them:
     the acceptance rate and mean accepted length of the trial (at the objective tier's capacity, in a
-    capacity search) and of every step it measured (None: the trial did not speculate)."""
+    capacity search) and of every step it served, in the order served (None: the trial did not
+    speculate). The steps are the served ones (``capacity["measured"]``), not the tiers' judged ones:
+    a rate served twice (a look's early pass, then its confirmation served whole) is two steps with
+    their own counters, and a step both tiers judged is one."""
     params = result.config.params
     method = method_of(params)
     if method == OFF:
         return None
     server = result.server or {}
-    steps = {}
-    for searched in ((result.capacity or {}).get("tiers") or {}).values():
-        for step in searched.get("steps") or []:
-            stats = step.get("server") or {}
-            steps[step["rate_req_s"]] = {
-                "rate_req_s": step["rate_req_s"],
-                "acceptance_rate": stats.get("spec_acceptance_rate"),
-                "mean_accept_len": stats.get("spec_mean_accept_len"),
-            }
+    steps = [_acceptance_at(served) for served in (result.capacity or {}).get("measured") or []]
     return {
         "method": method, "label": describe(params), "draft": draft_of(params),
         "num_speculative_tokens": int(params["num_speculative_tokens"]),
         "acceptance_rate": server.get("spec_acceptance_rate"), "mean_accept_len": server.get("spec_mean_accept_len"),
-        "steps": [steps[rate] for rate in sorted(steps)],
+        "steps": steps,
     }  # fmt: skip
+
+
+def _acceptance_at(served: dict[str, Any]) -> dict[str, Any]:
+    """One served step's rate and the acceptance its counters moved by."""
+    stats = served.get("server") or {}
+    return {"rate_req_s": served["rate_req_s"], "acceptance_rate": stats.get("spec_acceptance_rate"),
+            "mean_accept_len": stats.get("spec_mean_accept_len")}  # fmt: skip
 
 
 def capacity_attrs(result: TrialResult) -> TrialAttrs:

@@ -28,8 +28,10 @@ def _add(
 ) -> None:
     config = Config("vllm", params)
     launch = VllmAdapter().launch(config, MODEL, Device("cuda", "gpu", 0), 8000, "python3", "0.32.0")
-    capacity = {"objective_tier": "interactive", "tiers": {"interactive": {"capacity_req_s": 2.0, "steps": steps,
-                "slo": {"ttft_p95_ms": 200.0}, "target": 0.9}}}  # fmt: skip
+    # both tiers judge every served step; ``measured`` holds each once, in the order served
+    tiers = {tier: {"capacity_req_s": 2.0, "steps": steps, "slo": {"ttft_p95_ms": 200.0}, "target": 0.9}
+             for tier in ("interactive", "relaxed")}  # fmt: skip
+    capacity = {"objective_tier": "interactive", "tiers": tiers, "measured": steps}
     result = TrialResult(config, launch, "0.32.0", server=server, capacity=capacity,
                          metrics={"ttft_p95_ms": 50.0, "output_throughput_tok_s": 10.0, "error_rate": 0.0})  # fmt: skip
     trial = study.ask()
@@ -53,11 +55,23 @@ def test_a_trial_records_its_method_head_k_and_acceptance_at_every_step() -> Non
     assert first == {
         "method": "eagle3", "label": "EAGLE-3 eagle3-head K=3", "draft": "eagle3-head", "num_speculative_tokens": 3,
         "acceptance_rate": 0.25, "mean_accept_len": 1.75,
-        "steps": [{"rate_req_s": 2.0, "acceptance_rate": 0.25, "mean_accept_len": 1.75},
-                  {"rate_req_s": 4.0, "acceptance_rate": 0.1, "mean_accept_len": 1.3}],
+        "steps": [{"rate_req_s": 4.0, "acceptance_rate": 0.1, "mean_accept_len": 1.3},
+                  {"rate_req_s": 2.0, "acceptance_rate": 0.25, "mean_accept_len": 1.75}],
     }  # fmt: skip
     assert ngram["method"] == "ngram" and ngram["draft"] is None and ngram["mean_accept_len"] is None
     assert off is None, "a trial that did not speculate records no speculation"
+
+
+def test_a_rate_served_twice_keeps_both_steps_counters() -> None:
+    """A look passed 2 req/s early, then the claim's confirmation served it whole: two steps, each
+    with its own acceptance, and the trial's (the confirmed claim's) is among them."""
+    study = optuna.create_study(directions=DIRECTIONS)
+    eagle3 = {"spec_method": "eagle3", "num_speculative_tokens": 3, "draft_model": "eagle3-head"}
+    served = [_step(2.0, 0.3, 1.9), _step(4.0, 0.1, 1.3), _step(2.0, 0.25, 1.75)]
+    _add(study, eagle3, {"spec_acceptance_rate": 0.25, "spec_mean_accept_len": 1.75}, served)
+    spec = study.trials[0].user_attrs["speculation"]
+    assert [(s["rate_req_s"], s["acceptance_rate"]) for s in spec["steps"]] == [(2.0, 0.3), (4.0, 0.1), (2.0, 0.25)]
+    assert spec["acceptance_rate"] in [s["acceptance_rate"] for s in spec["steps"]]
 
 
 def test_trials_shows_each_speculating_trials_acceptance() -> None:
