@@ -30,7 +30,7 @@ from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory,
 from tuner.progress import Quiet
 from tuner.search.memory import estimate, parse_facts
 from tuner.search.pruning import running_values
-from tuner.search.space import Space
+from tuner.search.space import Space, load_space
 from tuner.search.speculation import Offer, study_offers
 from tuner.workloads.base import Workload
 
@@ -162,19 +162,45 @@ def context(table: dict[str, Any], slo: dict[str, float]) -> TrialContext:
     return replace(TrialContext({"vllm": (VllmAdapter(), env)}, model, device, workload, ROOT, Quiet()), slo=slo)
 
 
-# ---- the capacity table (measure_capacity_grid) ----
-CAPACITY_TABLE = ROOT / "tests" / "benchmarks" / "data" / "capacity_grid_vllm_cpu_rag.json"
+# ---- the capacity tables (measure_capacity_grid) ----
+# Each capacity table and the space whose every config it served: "light" under the rag preset of
+# d85b603 (before the workloads issue), where the engine default tied for the best; "heavy" under the
+# rag preset as it is now, on a space chosen so that the configs differ.
+CAPACITY_GRIDS = {
+    "light": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag.json",
+              ROOT / "search_spaces/grid-cpu-capacity.yaml"),
+    "heavy": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag_heavy.json",
+              ROOT / "search_spaces/grid-cpu-capacity-heavy.yaml"),
+}  # fmt: skip
+CAPACITY_TABLE = CAPACITY_GRIDS["light"][0]
 
 
 def load_capacity(path: Path = CAPACITY_TABLE) -> dict[str, Any]:
-    """The capacity table, its points keyed by their (unprefixed) params and each rung's step rebuilt."""
+    """The capacity table, its points keyed by their (unprefixed) params and each rung's step rebuilt;
+    ``space_file`` is the space it served (``CAPACITY_GRIDS``; a copy of a table elsewhere names the
+    grid it is a copy of by its file name)."""
+    spaces = {table.name: space for table, space in CAPACITY_GRIDS.values()}
+    if path.name not in spaces:
+        raise SystemExit(f"{path}: not a capacity table of {sorted(spaces)} (tests/benchmarks/_table.py)")
     table = dict(json.loads(path.read_text()))
     points = {}
     for row in table["points"].values():
-        rungs = {int(r): Measured(**m) for r, m in row.get("rungs", {}).items()}
-        points[key(row["params"])] = {**row, "rungs": dict(sorted(rungs.items()))}
+        points[key(row["params"])] = {**row, "rungs": _rungs(row)}
     table["points"] = points
+    # a config served again (measure_capacity_grid --repeat), keyed as its point
+    table["repeats"] = {key(rows[0]["params"]): [{**row, "rungs": _rungs(row)} for row in rows]
+                        for rows in table.get("repeats", {}).values() if rows}  # fmt: skip
+    table["space_file"] = str(spaces[path.name])
     return table
+
+
+def _rungs(row: dict[str, Any]) -> dict[int, Measured]:
+    return dict(sorted((int(r), Measured(**m)) for r, m in row.get("rungs", {}).items()))
+
+
+def capacity_space(table: dict[str, Any]) -> Space:
+    """The space the capacity table served (``load_capacity`` names it)."""
+    return load_space(Path(table["space_file"]))
 
 
 # A table served before steps were decided by an interval (0168053) kept no step limit in its plan:

@@ -1,9 +1,10 @@
 """The performance model (``--sampler model``) against the capacity table: how well it predicts, how fast it finds.
 
-Run: ``.venv/bin/python -m tests.benchmarks.bench_model [--seeds 20]`` (boots nothing; about half an
-hour on 2 cores). Not part of the default test run. Writes the model's sections of
+Run: ``.venv/bin/python -m tests.benchmarks.bench_model [--seeds 20] [--grid heavy]`` (boots nothing;
+about half an hour on 2 cores). Not part of the default test run. Writes the model's sections of
 ``reports/search.md`` (``bench_search`` keeps them when it rewrites the rest) and
-``reports/search_model.json``.
+``reports/search_model.json``: ``model`` for the first capacity table, ``model-heavy`` for the second
+(``_table.CAPACITY_GRIDS``).
 
 * Prediction: leave one config out. For each served config of the table, the model is fitted on every
   other served config's recorded steps and predicts this one's capacity under each tier; the truth is
@@ -14,11 +15,13 @@ hour on 2 cores). Not part of the default test run. Writes the model's sections 
   and grid, the engine default left in and left out: trials and boots until the best feasible
   capacity is within 10 % of the grid's best.
 
-The table was served before the model existed, by the rag preset of its commit; its rows keep each
-request's tokens but not its prompt, so the prompts' block structure comes from
+The first table was served before the model existed, by the rag preset of its commit; its rows keep
+each request's tokens but not its prompt, so the prompts' block structure comes from
 ``capacity_grid_prefixes.json`` (``tests/benchmarks/capacity_grid_prefixes.py`` rebuilt it from that
 commit's own code, checked against the table's workload digest). Each step sent the workload from its
-first request on, so a row's position in its step names its request.
+first request on, so a row's position in its step names its request. The heavy table's rows name
+their requests, and its workload is today's rag preset: it is rebuilt here (checked against the
+table's digest) and grown as its steps grew it, as a study's own sampler reads its prompts.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,7 +46,10 @@ from tuner.search.memory import parse_facts
 from tuner.search.model.history import Served, Shape
 from tuner.search.model.predict import EngineModel
 from tuner.search.model.sampler import ModelContext, ModelSampler
-from tuner.search.space import load_space
+from tuner.search.options import SearchOptions
+from tuner.search.resolve import resolve_workload
+from tuner.workloads.base import load_tokenizer
+from tuner.workloads.inspection import prompt_blocks
 
 PREFIXES = _table.CAPACITY_TABLE.parent / "capacity_grid_prefixes.json"
 WITHIN = 0.20  # the issue's goal: predicted within 20 % of the measured ladder
@@ -69,6 +76,33 @@ def shapes_and_blocks() -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
     requests = json.loads(PREFIXES.read_text())["requests"]
     shapes = [Shape(r["prompt_tokens"], r["max_tokens"], tuple(r["blocks"])) for r in requests]
     return shapes, {str(i): tuple(r["blocks"]) for i, r in enumerate(requests)}
+
+
+def measured_when(table: dict[str, Any]) -> dict[str, Any]:
+    """When and on which commit the table's configs were served, and the machine's load before each."""
+    stamps = sorted(p["measured_at"] for p in table["points"].values())
+    loads = [p["load_avg_1m_before"] for p in table["points"].values()]
+    return {"first": stamps[0], "last": stamps[-1], "commit": (table["stamp"].get("commit") or "?")[:7],
+            "load_low": min(loads), "load_high": max(loads)}  # fmt: skip
+
+
+def heavy_shapes_and_blocks(table: dict[str, Any]) -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
+    """The heavy table's workload as ``tuner search`` builds it for the sampler (``context_of``): the
+    shapes of its requests, and the blocks of every request its steps sent (the workload grown to them)."""
+    model = _table.models(table)
+    opts = SearchOptions(workload=table["workload"]["name"], space=Path(table["space_file"]), objective="capacity")
+    workload = resolve_workload(opts, model)
+    if workload.digest() != table["workload"]["digest"]:
+        raise SystemExit("bench_model: the rag preset is not the one the heavy table served (its digest differs)")
+    sent = {str(r["request_id"]) for p in table["points"].values() for m in p["rungs"].values() for r in m.rows}
+    requests = workload.requests
+    while workload.grow is not None and not sent <= {r.request_id for r in requests}:
+        requests = workload.grow(2 * len(requests))
+    tokenizer = load_tokenizer(Path(model.path))
+    numbered: dict[bytes, int] = {}
+    blocks = {r.request_id: tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
+              for r in requests}  # fmt: skip
+    return [Shape(r.prompt_tokens, r.max_tokens, blocks[r.request_id]) for r in workload.requests], blocks
 
 
 def device_of(table: dict[str, Any]) -> Device:
@@ -113,8 +147,8 @@ def in_bracket(predicted: float, bracket: tuple[float, float]) -> bool:
 
 
 def leave_one_out(served: dict[str, Served], truth: dict[str, dict[str, float]], plan: CapacityPlan,
-                  device: Device, shapes: list[Shape],
-                  brackets: dict[str, dict[str, tuple[float, float]]]) -> dict[str, Any]:  # fmt: skip
+                  device: Device, shapes: list[Shape], brackets: dict[str, dict[str, tuple[float, float]]],
+                  again: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
     adapters = {"vllm": VllmAdapter()}
     began = time.time()
     full = EngineModel.fit(list(served.values()), adapters, device, plan, shapes)
@@ -143,13 +177,17 @@ def leave_one_out(served: dict[str, Served], truth: dict[str, dict[str, float]],
         }  # fmt: skip
     return {"rows": rows, "summary": summary, "fit": full.fits["vllm"].as_dict(), "fit_s": round(fit_s, 1),
             "hit_rate": full.hit, "acceptance": full.acceptance.get("vllm", {}),
-            "diagnosis": diagnose(served, truth, full, plan, device, rows)}  # fmt: skip
+            "diagnosis": diagnose(served, truth, full, plan, device, rows, again or {})}  # fmt: skip
 
 
 def diagnose(served: dict[str, Served], truth: dict[str, dict[str, float]], full: EngineModel, plan: CapacityPlan,
-             device: Device, rows: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    """Each candidate cause of the model's error, measured (``model_diagnosis``), and the truth's noise floor."""
-    pairs = model_diagnosis.equivalent_pairs(served)
+             device: Device, rows: list[dict[str, Any]],
+             again: dict[str, dict[str, float]]) -> dict[str, Any]:  # fmt: skip
+    """Each candidate cause of the model's error, measured (``model_diagnosis``), and the truth's noise
+    floor: from configs identical in effect, and from configs the table served twice (``again``: each
+    one's second ladder, on a fresh boot)."""
+    truth = {**truth, **{f"{k} (served again)": v for k, v in again.items()}}
+    pairs = model_diagnosis.equivalent_pairs(served) + [(k, f"{k} (served again)") for k in again]
     noise = {t: model_diagnosis.noise_floor(pairs, truth, t) for t in TIERS}
     return {
         "client_overhead_ms": model_diagnosis.client_overhead_ms(served),
@@ -158,6 +196,8 @@ def diagnose(served: dict[str, Served], truth: dict[str, dict[str, float]], full
         "cache": model_diagnosis.cache_by_pool(served),
         "bias": model_diagnosis.latency_bias(served, full.fits["vllm"], full.acceptance.get("vllm", {}), device),
         "pairs": pairs, "noise": noise,
+        # how many requests one rung's attainment rests on, at most
+        "rung_sent": statistics.median(len(m.rows) for s in served.values() for m in s.steps),
         "in_band": {t: model_diagnosis.in_band(rows, t, noise[t]["sigma"]) for t in TIERS},
     }  # fmt: skip
 
@@ -165,7 +205,7 @@ def diagnose(served: dict[str, Served], truth: dict[str, dict[str, float]], full
 def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, shapes: list[Shape],
            blocks: dict[str, tuple[int, ...]]) -> dict[str, Any]:  # fmt: skip
     truth = bench_search.capacity_truth(table, plan)
-    space = load_space(bench_search.CAPACITY_SPACE)
+    space = _table.capacity_space(table)
     models = _table.models(table)
     context = ModelContext(space, {"vllm": VllmAdapter()}, _table.grid_offers(space, models), models,
                            device_of(table), plan, shapes, blocks)  # fmt: skip
@@ -189,6 +229,14 @@ def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, shapes: list[S
     return out
 
 
+def _measured(data: dict[str, Any]) -> str:
+    """When the table was served, from the run's record of it (``measured``)."""
+    m = data["prediction"].get("measured")
+    return "when it was served: not recorded" if not m else (
+        f"served {m['first']} to {m['last']} on {m['commit']}, 1-minute load average "
+        f"{m['load_low']:.1f}-{m['load_high']:.1f} before each config")  # fmt: skip
+
+
 def _pct(value: float | None, sign: str = "+") -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:{sign}.0f} %"
 
@@ -196,11 +244,16 @@ def _pct(value: float | None, sign: str = "+") -> str:
 def render(data: dict[str, Any]) -> str:
     loo, s = data["prediction"], data["search"]
     fit = loo["fit"]
+    grid = data.get("grid", "light")
+    table = _table.CAPACITY_GRIDS[grid][0].name
+    on = "" if grid == "light" else f", the {grid} table"
     lines = [
-        "## The performance model: prediction (`tests/benchmarks/bench_model.py`)", "",
-        "Leave one config out over the capacity table's served configs: the model is fitted on every other "
-        "config's recorded steps (the table's rungs) and predicts this one's capacity before it would boot; "
-        "the truth is the config's own ladder. Goal: within 20 % for at least 80 % of the served configs.", "",
+        f"## The performance model: prediction (`tests/benchmarks/bench_model.py --grid {grid}`{on})", "",
+        f"The table `tests/benchmarks/data/{table}` (`{data.get('table', 'grid-cpu-capacity.yaml')}`, "
+        f"{_measured(data)}). Leave one config out over the capacity table's served configs: the model is "
+        "fitted on every other config's recorded steps (the table's rungs) and predicts this one's capacity "
+        "before it would boot; the truth is the config's own ladder. Goal: within 20 % for at least 80 % of "
+        "the served configs.", "",
         _report.table(["tier", "within 20 %", "median error", "median abs error", "rank correlation (Spearman)",
                        "within 20 % of the ladder's bracket"],
                       [[t, f"{v['within']}/{v['configs']}", _pct(v["median_error"]), _pct(v["median_abs_error"], ""),
@@ -239,12 +292,12 @@ def render(data: dict[str, Any]) -> str:
         f"({loo['fit_s']:.0f} s). Prefix-cache hit rate (median of the steps' counters) {loo['hit_rate']:.2f}; "
         "per-position acceptance " + ", ".join(f"{d} {a:.2f}" for d, a in loo["acceptance"].items()) + ".", "",
     ]  # fmt: skip
-    lines += _search_lines(s) if s else []
-    lines += _wrong_lines(data)
+    lines += _search_lines(s, on) if s else []
+    lines += _wrong_lines(data, on)
     return "\n".join(lines) + "\n"
 
 
-def _search_lines(s: dict[str, Any]) -> list[str]:
+def _search_lines(s: dict[str, Any], on: str) -> list[str]:
     header = ["sampler", "median trials", "quartiles", "median boots", "machine s (quartiles)", "reached",
               "failing booted", "screened", "pruned"]  # fmt: skip
 
@@ -258,7 +311,7 @@ def _search_lines(s: dict[str, Any]) -> list[str]:
     met = out["median_trials"] <= 3 and out["median_boots"] <= rnd["median_boots"] / 2
     truth = s["truth"]
     return [
-        "## The performance model: search", "",
+        f"## The performance model: search{on}", "",
         f"Studies replayed against the capacity table as `bench_search` replays them, {out['seeds']} seeds each, "
         f"until the best feasible interactive capacity is within 10 % of the grid's best ({truth['best_capacity']:.3g} "
         "req/s by the ladders). Trials count everything recorded (screened included), boots the trials that "
@@ -272,14 +325,14 @@ def _search_lines(s: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _wrong_lines(data: dict[str, Any]) -> list[str]:
+def _wrong_lines(data: dict[str, Any], on: str) -> list[str]:
     rows, d = data["prediction"]["rows"], data["prediction"]["diagnosis"]
     worst = sorted(rows, key=lambda r: -abs(math.log(max(r["interactive_predicted"] or 1e-9, 1e-9)
                                                      / max(r["interactive_measured"], 1e-9))))[:3]  # fmt: skip
     cache, bias = d["cache"], d["bias"]
     pairs = "; ".join(f"`{a}` against `{b}`" for a, b in d["pairs"])
     return [
-        "## Why the model over-predicted, and where it is still wrong", "",
+        f"## Why the model over-predicted, and where it is still wrong{on}", "",
         "Each candidate cause of the over-prediction, measured from the table's recorded steps "
         "(`tests/benchmarks/model_diagnosis.py`):", "",
         f"- Per-request overhead outside the engine (HTTP, tokenising): the client's mean TTFT exceeds the "
@@ -303,9 +356,9 @@ def _wrong_lines(data: dict[str, Any]) -> list[str]:
         + ", ".join(f"{t} ratios {d['noise'][t]['ratios']}" for t in TIERS)
         + ". No model of the engine predicts that spread; it bounds what leave-one-out can reach (above).", "",
         "Where it is still wrong:", "",
-        "- The interactive tier is decided at the TTFT bound by the attainment of about eight counted requests a "
-        "rung: one late request fails a rung, and a ladder stops at its first failing rung, so a measured ladder "
-        "sits below the rate where a step passes half the time; the model predicts that rate.",
+        f"- A median rung sends {d.get('rung_sent', 0):.0f} requests, and its attainment counts those of its "
+        "steady window: a few late requests fail a rung, and a ladder stops at its first failing rung, so a "
+        "measured ladder sits below the rate where a step passes half the time; the model predicts that rate.",
         "- The fit explains the token times only to the relative error above: the CPU build's iteration "
         "costs are not linear in what an iteration holds (two cores, shared with the client and other work).",
         "- Largest interactive errors: " + "; ".join(
@@ -318,21 +371,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--skip-search", action="store_true", help="the prediction section alone")
+    parser.add_argument("--grid", choices=sorted(_table.CAPACITY_GRIDS), default="light")
     args = parser.parse_args()
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    shapes, blocks = shapes_and_blocks()
-    table = with_ids(_table.load_capacity(), len(shapes))
+    table = _table.load_capacity(_table.CAPACITY_GRIDS[args.grid][0])
+    if args.grid == "light":
+        shapes, blocks = shapes_and_blocks()
+        table = with_ids(table, len(shapes))
+    else:
+        shapes, blocks = heavy_shapes_and_blocks(table)
     plan = _table.plan_of(table, TIERS)
     brackets = {k: {t: _table.ladder_bracket(p["rungs"], plan, t) for t in TIERS}
                 for k, p in table["points"].items() if not p["failure"]}  # fmt: skip
     truth = {k: {t: bracket[0] for t, bracket in tiers.items()} for k, tiers in brackets.items()}  # the answers
-    prediction = leave_one_out(served_of(table, blocks), truth, plan, device_of(table), shapes, brackets)
+    again = {k: {t: _table.ladder_capacity(rows[0]["rungs"], plan, t) for t in TIERS}
+             for k, rows in table.get("repeats", {}).items() if rows and not rows[0]["failure"]}  # fmt: skip
+    prediction = leave_one_out(served_of(table, blocks), truth, plan, device_of(table), shapes, brackets, again)
+    prediction["measured"] = measured_when(table)
     searched = {} if args.skip_search else search(table, _table.plan_of(table, ("interactive",)), args.seeds,
                                                   shapes, blocks)  # fmt: skip
-    data = {"stamp": started, "seeds": args.seeds, "prediction": prediction, "search": searched}
+    data = {"stamp": started, "seeds": args.seeds, "grid": args.grid, "table": Path(table["space_file"]).name,
+            "prediction": prediction, "search": searched}  # fmt: skip
     text = render(data)
-    _report.write_section("model", text, data, MD_PATH, JSON_PATH)
+    name = "model" if args.grid == "light" else f"model-{args.grid}"
+    _report.write_section(name, text, data, MD_PATH, JSON_PATH)
     print(text)
 
 

@@ -104,7 +104,6 @@ def run_once(name: str, seed: int, objective: str, table: dict[str, Any], truth:
     return _outcome(study, runner, search.boots, reached, table)
 
 
-CAPACITY_SPACE = _report.ROOT / "search_spaces" / "grid-cpu-capacity.yaml"
 CAPACITY_TIER = "interactive"
 # The search's own resolution: two capacities closer than that are one bisection apart, so "found the
 # best" means within it rather than within the 5 % the latency objectives use.
@@ -129,7 +128,7 @@ def run_capacity_once(name: str, seed: int, table: dict[str, Any], truth: dict[s
     study = optuna.create_study(directions=directions("capacity"), sampler=SAMPLERS[name](seed))
     if with_default:
         enqueue_defaults(study, ["vllm"])
-    space = load_space(CAPACITY_SPACE)
+    space = _table.capacity_space(table)
     if name == "grid":
         for point in shuffled(grid_points(space, _table.grid_offers(space, _table.models(table))), seed):
             study.enqueue_trial(point, user_attrs={"config_kind": "sampled"})

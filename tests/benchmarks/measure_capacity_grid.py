@@ -3,7 +3,14 @@
 Run: ``.venv/bin/python -m tests.benchmarks measure_capacity_grid [--out FILE] [--limit N]`` (one to
 two hours on 2 cores for the 36 configs and the engine default). Not part of the default test run.
 Resumable: configs already in the output file are skipped, so an interrupted run continues where it
-stopped.
+stopped (across sessions: the file keeps the stamp of the run that started it, and every config the
+time it was served and the load before it).
+
+``--heavy`` serves the second table instead (``_table.CAPACITY_GRIDS``): the heavy space under the
+rag preset as it is now (GuideLLM's RAG shape, scaled to the CPU context), where the first table's
+light preset left the engine default tied for the best. Its ladder starts higher (``HEAVY_RUNGS``),
+since its configs carry several times the first table's rates. ``--repeat N`` then serves the
+first N served configs again on fresh boots (kept under ``repeats``): the truth's own noise.
 
 Each config boots as a capacity trial does (``tuner.measure.trial``: fresh boot, warmup, the prefix
 cache reset before every step), then serves a fixed geometric ladder of open-loop steps with the
@@ -29,7 +36,7 @@ from typing import Any
 import httpx
 
 from tests.benchmarks import _report
-from tests.benchmarks._table import grid_offers
+from tests.benchmarks._table import CAPACITY_GRIDS, grid_offers
 from tests.benchmarks.measure_grid import _memory_lines
 from tuner.engines.base import Config
 from tuner.errors import EngineLaunchError
@@ -42,16 +49,17 @@ from tuner.progress import Progress
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import capacity_plan, detect_device, resolve_engines, resolve_models, resolve_workload
-from tuner.search.space import load_space
+from tuner.search.space import Space, load_space
 
-SPACE = _report.ROOT / "search_spaces" / "grid-cpu-capacity.yaml"
-OUT = _report.ROOT / "tests" / "benchmarks" / "data" / "capacity_grid_vllm_cpu_rag.json"
 LOG_DIR = _report.ROOT / "studies" / "logs" / "capacity-grid"
 # start_rate * 1.1**5: the low rungs cost the most (their requests trickle in), and a config that
 # fails here walks down to them anyway.
 FIRST_RUNG = 5
 FAILS_TO_STOP = 2  # one failing rung can be noise at 10 requests a step; two in a row end the climb
 TOP_RUNG = 25  # about 5 req/s, twice the best capacity seen on this machine
+# The heavy table's (first, top) rungs over its plan's start rate of 1 req/s: about 4.2 to 45 req/s,
+# around the engine default's capacity under today's rag on this machine (reports/model-sampler.md).
+HEAVY_RUNGS = (15, 40)
 LOG_CHARS = 20_000  # of the log since the server was ready: what the replay's failure classification reads
 
 
@@ -64,8 +72,13 @@ def _passes(m: Measured, plan: CapacityPlan, tier: str) -> bool:
     return step.passed and not m.aborted
 
 
-def serve_ladder(number: int, config: Config, ctx: TrialContext, plan: CapacityPlan) -> dict[str, Any]:
-    """Boot ``config``, warm up, and serve the ladder; the row the table keeps for it."""
+def serve_ladder(
+    number: int, config: Config, ctx: TrialContext, plan: CapacityPlan, rungs_from_to: tuple[int, int]
+) -> dict[str, Any]:
+    """Boot ``config``, warm up, and serve the ladder from the first of ``rungs_from_to`` up (at most
+    to the second), then down where the first rung failed the interactive tier; the row the table
+    keeps for it."""
+    first_rung, top_rung = rungs_from_to
     adapter, env = ctx.engines[config.engine]
     spec = adapter.launch(config, ctx.model, ctx.device, free_port(), env.python, env.version)
     log_path = ctx.log_dir / f"config-{number:03d}.log"
@@ -94,12 +107,12 @@ def serve_ladder(number: int, config: Config, ctx: TrialContext, plan: CapacityP
                                   f"{m.duration_s:.0f} s: {verdict} ({'/'.join(plan.tiers)})")  # fmt: skip
                 return m
 
-            fails, rung = 0, FIRST_RUNG
-            while rung <= TOP_RUNG and fails < FAILS_TO_STOP:
+            fails, rung = 0, first_rung
+            while rung <= top_rung and fails < FAILS_TO_STOP:
                 fails = 0 if _passes(serve(rung), plan, "relaxed") else fails + 1
                 rung += 1
             floor = plan.start_rate / 8  # where a search without an incumbent reports no capacity
-            rung = FIRST_RUNG - 1
+            rung = first_rung - 1
             while not _passes(rungs[min(rungs)], plan, "interactive") and ladder_rate(plan, rung) >= floor:
                 serve(rung)
                 rung -= 1
@@ -118,9 +131,11 @@ def serve_ladder(number: int, config: Config, ctx: TrialContext, plan: CapacityP
     }
 
 
-def measure(out: Path, limit: int | None) -> None:
-    space = load_space(SPACE)
-    opts = SearchOptions(workload="rag", space=SPACE, objective="capacity-pareto")
+def measure(out: Path, limit: int | None, heavy: bool = False, repeat: int = 0) -> None:
+    space_path = CAPACITY_GRIDS["heavy" if heavy else "light"][1]
+    rungs_from_to = HEAVY_RUNGS if heavy else (FIRST_RUNG, TOP_RUNG)
+    space = load_space(space_path)
+    opts = SearchOptions(workload="rag", space=space_path, objective="capacity-pareto")
     progress = Progress()
     engines = resolve_engines(space, {}, None, progress)
     env = engines["vllm"][1]
@@ -129,10 +144,11 @@ def measure(out: Path, limit: int | None) -> None:
     workload = resolve_workload(opts, model)
     plan = capacity_plan(opts, workload, device)
     assert plan is not None
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    ctx = TrialContext(engines, model, device, workload, LOG_DIR, progress, 300.0, {}, capacity=plan)
+    log_dir = LOG_DIR.with_name(LOG_DIR.name + "-heavy") if heavy else LOG_DIR
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ctx = TrialContext(engines, model, device, workload, log_dir, progress, 300.0, {}, capacity=plan)
     data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {
-        "what": "every config of search_spaces/grid-cpu-capacity.yaml, served on a fixed ladder of rates",
+        "what": f"every config of search_spaces/{space_path.name}, served on a fixed ladder of rates",
         "stamp": _report.stamp(),
         "space": space.model_dump(),
         "plan": {**asdict(plan), "tiers": {k: dict(v) for k, v in plan.tiers.items()}},
@@ -142,34 +158,60 @@ def measure(out: Path, limit: int | None) -> None:
         "device": {"kind": device.kind, "name": device.name, "memory_bytes": device.memory_bytes},
         "model": {"path": model.path, "drafts": dict(model.drafts), "max_model_len": model.max_model_len},
         "machine": _report.machine(),
+        "rungs": {"first": rungs_from_to[0], "top": rungs_from_to[1], "fails_to_stop": FAILS_TO_STOP},
         "points": {},
     }  # fmt: skip
-    points = shuffled(grid_points(space, grid_offers(space, model)), seed=0) + [{"engine": "vllm"}]
+    # the engine default first: a table cut short by the end of a session still has what it is judged by
+    points = [{"engine": "vllm"}] + shuffled(grid_points(space, grid_offers(space, model)), seed=0)
     todo = [p for p in points if json.dumps(p, sort_keys=True) not in data["points"]][:limit]
     progress.line(f"capacity grid: {len(points)} configs, {len(data['points'])} done, {len(todo)} to measure now")
     for i, point in enumerate(todo):
-        params = {k.split(".", 1)[1]: v for k, v in point.items() if k != "engine"}
-        config = Config("vllm", params, enforce_eager=space.static.enforce_eager, is_default=not params)
-        started, load = time.time(), os.getloadavg()[0]
-        progress.line(f"capacity grid: {i + 1}/{len(todo)} {params or 'engine defaults'}")
-        row = serve_ladder(len(data["points"]), config, ctx, plan)
-        data["points"][json.dumps(point, sort_keys=True)] = {
-            "order": len(data["points"]), "params": params, **row, "wall_s": round(time.time() - started, 2),
-            "load_avg_1m_before": load, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        }  # fmt: skip
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        tmp.replace(out)  # atomic: an interrupted run never leaves a torn table
-        outcome = row["failure"] or f"{len(row['rungs'])} rungs"
-        progress.line(f"capacity grid: {i + 1}/{len(todo)} -> {outcome} in {time.time() - started:.0f} s")
+        data["points"][json.dumps(point, sort_keys=True)] = _served(point, len(data["points"]), space, ctx, plan,
+                                                                    rungs_from_to, f"{i + 1}/{len(todo)}")  # fmt: skip
+        _write(out, data)
+    # The same config served again, on a fresh boot: the truth's own noise, which bounds what any
+    # prediction of one ladder can reach (bench_model). The first served configs in order, once each.
+    served = sorted((p for p in data["points"].values() if not p["failure"]), key=lambda p: p["order"])
+    again = data.setdefault("repeats", {})
+    for i, row in enumerate(served[:repeat]):
+        point = json.dumps({"engine": "vllm", **{f"vllm.{k}": v for k, v in row["params"].items()}}, sort_keys=True)
+        if again.get(point):
+            continue
+        again[point] = [_served(json.loads(point), row["order"], space, ctx, plan, rungs_from_to,
+                                f"repeat {i + 1}/{repeat}")]  # fmt: skip
+        _write(out, data)
+
+
+def _served(point: dict[str, Any], number: int, space: Space, ctx: TrialContext, plan: CapacityPlan,
+            rungs_from_to: tuple[int, int], said: str) -> dict[str, Any]:  # fmt: skip
+    """One config booted and served on the ladder: the row the table keeps for it."""
+    params = {k.split(".", 1)[1]: v for k, v in point.items() if k != "engine"}
+    config = Config("vllm", params, enforce_eager=space.static.enforce_eager, is_default=not params)
+    started, load = time.time(), os.getloadavg()[0]
+    ctx.progress.line(f"capacity grid: {said} {params or 'engine defaults'}")
+    row = serve_ladder(number, config, ctx, plan, rungs_from_to)
+    outcome = row["failure"] or f"{len(row['rungs'])} rungs"
+    ctx.progress.line(f"capacity grid: {said} -> {outcome} in {time.time() - started:.0f} s")
+    return {
+        "order": number, "params": params, **row, "wall_s": round(time.time() - started, 2),
+        "load_avg_1m_before": load, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+    }  # fmt: skip
+
+
+def _write(out: Path, data: dict[str, Any]) -> None:
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(out)  # atomic: an interrupted run never leaves a torn table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--heavy", action="store_true", help="the heavy table: its space, today's rag, its ladder")
+    parser.add_argument("--out", type=Path, help="default: the grid's table (tests/benchmarks/_table.CAPACITY_GRIDS)")
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--repeat", type=int, default=0, help="then serve the first N served configs again")
     args = parser.parse_args()
-    measure(args.out, args.limit)
+    measure(args.out or CAPACITY_GRIDS["heavy" if args.heavy else "light"][0], args.limit, args.heavy, args.repeat)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from tuner.report.capacity import predicted
 from tuner.search.model.history import speculation
 from tuner.search.model.predict import model_sigma
 from tuner.search.model.sampler import ModelContext, ModelSampler, Scored, _record
-from tuner.search.space import load_space
 from tuner.study.attrs import trial_attrs
 
 OUT_DIR = _report.REPORTS / "model-sampler"
@@ -88,7 +87,7 @@ def replay(seed: int) -> str:
     table = bench_model.with_ids(_table.load_capacity(), len(shapes))
     plan = _table.plan_of(table, (TIER,))
     truth = bench_search.capacity_truth(table, plan)
-    space = load_space(bench_search.CAPACITY_SPACE)
+    space = _table.capacity_space(table)
     models = _table.models(table)
     context = ModelContext(space, {"vllm": VllmAdapter()}, _table.grid_offers(space, models), models,
                            bench_model.device_of(table), plan, shapes, blocks)  # fmt: skip

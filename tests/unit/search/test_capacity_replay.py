@@ -9,7 +9,9 @@ recorded one scaled to the rate asked for.
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import optuna
@@ -100,3 +102,23 @@ def test_a_study_under_the_capacity_objective_tells_a_repeated_config_again_with
     assert pruned.state == again.state == optuna.trial.TrialState.PRUNED and len(runner.booted) == 2
     assert again.user_attrs["duplicate_of"] == pruned.number
     assert pruned.user_attrs["capacity"]["search_s"] > 0 and again.user_attrs["capacity"]["search_s"] is None
+
+
+def test_a_capacity_table_names_the_space_it_served_and_keeps_its_repeats(tmp_path: Path) -> None:
+    """``load_capacity`` pairs each table with its space (``CAPACITY_GRIDS``), keys a config served
+    again (``measure_capacity_grid --repeat``) as its point, and refuses a table it cannot pair."""
+    row = {"order": 0, "params": {"max_num_seqs": 4}, "failure": None, "rungs": {"3": asdict(_step(0.67, 0.9))}}
+    heavy_table, heavy_space = _table.CAPACITY_GRIDS["heavy"]
+    path = tmp_path / heavy_table.name
+    path.write_text(json.dumps({"points": {"p": row}, "repeats": {"p": [row]}}))
+    loaded = _table.load_capacity(path)
+    assert loaded["space_file"] == str(heavy_space)
+    light = {"space_file": str(_table.CAPACITY_GRIDS["light"][1])}
+    assert _table.capacity_space(loaded).parameters != _table.capacity_space(light).parameters
+    key = _table.key({"max_num_seqs": 4})
+    assert list(loaded["points"]) == list(loaded["repeats"]) == [key]
+    again = loaded["repeats"][key][0]["rungs"][3]
+    assert isinstance(again, Measured) and again.rate_req_s == pytest.approx(0.67)
+    (tmp_path / "elsewhere.json").write_text(path.read_text())
+    with pytest.raises(SystemExit, match="not a capacity table"):
+        _table.load_capacity(tmp_path / "elsewhere.json")
