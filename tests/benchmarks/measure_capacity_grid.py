@@ -31,9 +31,10 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
+import optuna
 
 from tests.benchmarks import _report
 from tests.benchmarks._table import CAPACITY_GRIDS, grid_offers
@@ -49,7 +50,8 @@ from tuner.progress import Progress
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import capacity_plan, detect_device, resolve_engines, resolve_models, resolve_workload
-from tuner.search.space import Space, load_space
+from tuner.search.space import Space, load_space, suggest
+from tuner.search.speculation import Offer
 
 LOG_DIR = _report.ROOT / "studies" / "logs" / "capacity-grid"
 # start_rate * 1.1**5: the low rungs cost the most (their requests trickle in), and a config that
@@ -165,28 +167,29 @@ def measure(out: Path, limit: int | None, heavy: bool = False, repeat: int = 0) 
     points = [{"engine": "vllm"}] + shuffled(grid_points(space, grid_offers(space, model)), seed=0)
     todo = [p for p in points if json.dumps(p, sort_keys=True) not in data["points"]][:limit]
     progress.line(f"capacity grid: {len(points)} configs, {len(data['points'])} done, {len(todo)} to measure now")
+    offers = grid_offers(space, model)
     for i, point in enumerate(todo):
-        data["points"][json.dumps(point, sort_keys=True)] = _served(point, len(data["points"]), space, ctx, plan,
-                                                                    rungs_from_to, f"{i + 1}/{len(todo)}")  # fmt: skip
+        row = _served(point, len(data["points"]), space, offers, ctx, plan, rungs_from_to, f"{i + 1}/{len(todo)}")
+        data["points"][json.dumps(point, sort_keys=True)] = row
         _write(out, data)
     # The same config served again, on a fresh boot: the truth's own noise, which bounds what any
     # prediction of one ladder can reach (bench_model). The first served configs in order, once each.
-    served = sorted((p for p in data["points"].values() if not p["failure"]), key=lambda p: p["order"])
+    served = sorted((kv for kv in data["points"].items() if not kv[1]["failure"]), key=lambda kv: kv[1]["order"])
     again = data.setdefault("repeats", {})
-    for i, row in enumerate(served[:repeat]):
-        point = json.dumps({"engine": "vllm", **{f"vllm.{k}": v for k, v in row["params"].items()}}, sort_keys=True)
+    for i, (point, row) in enumerate(served[:repeat]):
         if again.get(point):
             continue
-        again[point] = [_served(json.loads(point), row["order"], space, ctx, plan, rungs_from_to,
+        again[point] = [_served(json.loads(point), row["order"], space, offers, ctx, plan, rungs_from_to,
                                 f"repeat {i + 1}/{repeat}")]  # fmt: skip
         _write(out, data)
 
 
-def _served(point: dict[str, Any], number: int, space: Space, ctx: TrialContext, plan: CapacityPlan,
-            rungs_from_to: tuple[int, int], said: str) -> dict[str, Any]:  # fmt: skip
-    """One config booted and served on the ladder: the row the table keeps for it."""
-    params = {k.split(".", 1)[1]: v for k, v in point.items() if k != "engine"}
-    config = Config("vllm", params, enforce_eager=space.static.enforce_eager, is_default=not params)
+def _served(point: dict[str, Any], number: int, space: Space, offers: dict[str, Offer], ctx: TrialContext,
+            plan: CapacityPlan, rungs_from_to: tuple[int, int], said: str) -> dict[str, Any]:  # fmt: skip
+    """One config booted and served on the ladder: the row the table keeps for it. The grid point
+    becomes a config as a trial's params do (``suggest`` on a fixed trial: a draft under its method)."""
+    config = suggest(cast(optuna.Trial, optuna.trial.FixedTrial(point)), space, offers, point == {"engine": "vllm"})
+    params = dict(config.params)
     started, load = time.time(), os.getloadavg()[0]
     ctx.progress.line(f"capacity grid: {said} {params or 'engine defaults'}")
     row = serve_ladder(number, config, ctx, plan, rungs_from_to)
