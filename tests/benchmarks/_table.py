@@ -30,7 +30,7 @@ from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory,
 from tuner.progress import Quiet
 from tuner.search.memory import estimate, parse_facts
 from tuner.search.pruning import running_values
-from tuner.search.space import Space, load_space
+from tuner.search.space import Space
 from tuner.search.speculation import Offer, study_offers
 from tuner.workloads.base import Workload
 
@@ -176,12 +176,7 @@ CAPACITY_TABLE = CAPACITY_GRIDS["light"][0]
 
 
 def load_capacity(path: Path = CAPACITY_TABLE) -> dict[str, Any]:
-    """The capacity table, its points keyed by their (unprefixed) params and each rung's step rebuilt;
-    ``space_file`` is the space it served (``CAPACITY_GRIDS``; a copy of a table elsewhere names the
-    grid it is a copy of by its file name)."""
-    spaces = {table.name: space for table, space in CAPACITY_GRIDS.values()}
-    if path.name not in spaces:
-        raise SystemExit(f"{path}: not a capacity table of {sorted(spaces)} (tests/benchmarks/_table.py)")
+    """The capacity table, its points keyed by their (unprefixed) params and each rung's step rebuilt."""
     table = dict(json.loads(path.read_text()))
     points = {}
     for row in table["points"].values():
@@ -190,7 +185,6 @@ def load_capacity(path: Path = CAPACITY_TABLE) -> dict[str, Any]:
     # a config served again (measure_capacity_grid --repeat), keyed as its point
     table["repeats"] = {key(rows[0]["params"]): [{**row, "rungs": _rungs(row)} for row in rows]
                         for rows in table.get("repeats", {}).values() if rows}  # fmt: skip
-    table["space_file"] = str(spaces[path.name])
     return table
 
 
@@ -199,8 +193,10 @@ def _rungs(row: dict[str, Any]) -> dict[int, Measured]:
 
 
 def capacity_space(table: dict[str, Any]) -> Space:
-    """The space the capacity table served (``load_capacity`` names it)."""
-    return load_space(Path(table["space_file"]))
+    """The space the capacity table served, as it recorded it: the space file may have changed since
+    (the first table served a 2048-token context, which grid-cpu-capacity.yaml later cut to 768), and
+    a replay's memory screen must judge the configs the table booted."""
+    return Space.model_validate(table["space"])
 
 
 # A table served before steps were decided by an interval (0168053) kept no step limit in its plan:

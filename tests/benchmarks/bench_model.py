@@ -90,7 +90,7 @@ def heavy_shapes_and_blocks(table: dict[str, Any]) -> tuple[list[Shape], dict[st
     """The heavy table's workload as ``tuner search`` builds it for the sampler (``context_of``): the
     shapes of its requests, and the blocks of every request its steps sent (the workload grown to them)."""
     model = _table.models(table)
-    opts = SearchOptions(workload=table["workload"]["name"], space=Path(table["space_file"]), objective="capacity")
+    opts = SearchOptions(workload=table["workload"]["name"], objective="capacity")
     workload = resolve_workload(opts, model)
     if workload.digest() != table["workload"]["digest"]:
         raise SystemExit("bench_model: the rag preset is not the one the heavy table served (its digest differs)")
@@ -391,7 +391,7 @@ def main() -> None:
     prediction["measured"] = measured_when(table)
     searched = {} if args.skip_search else search(table, _table.plan_of(table, ("interactive",)), args.seeds,
                                                   shapes, blocks)  # fmt: skip
-    data = {"stamp": started, "seeds": args.seeds, "grid": args.grid, "table": Path(table["space_file"]).name,
+    data = {"stamp": started, "seeds": args.seeds, "grid": args.grid, "table": _table.CAPACITY_GRIDS[args.grid][1].name,
             "prediction": prediction, "search": searched}  # fmt: skip
     text = render(data)
     name = "model" if args.grid == "light" else f"model-{args.grid}"

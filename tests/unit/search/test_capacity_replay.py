@@ -104,21 +104,23 @@ def test_a_study_under_the_capacity_objective_tells_a_repeated_config_again_with
     assert pruned.user_attrs["capacity"]["search_s"] > 0 and again.user_attrs["capacity"]["search_s"] is None
 
 
-def test_a_capacity_table_names_the_space_it_served_and_keeps_its_repeats(tmp_path: Path) -> None:
-    """``load_capacity`` pairs each table with its space (``CAPACITY_GRIDS``), keys a config served
-    again (``measure_capacity_grid --repeat``) as its point, and refuses a table it cannot pair."""
+def test_a_capacity_table_replays_in_the_space_it_recorded_and_keeps_its_repeats(tmp_path: Path) -> None:
+    """``load_capacity`` keys a config served again (``measure_capacity_grid --repeat``) as its point,
+    and the replay's space is the one the table recorded, not today's file of the same name."""
     row = {"order": 0, "params": {"max_num_seqs": 4}, "failure": None, "rungs": {"3": asdict(_step(0.67, 0.9))}}
-    heavy_table, heavy_space = _table.CAPACITY_GRIDS["heavy"]
-    path = tmp_path / heavy_table.name
-    path.write_text(json.dumps({"points": {"p": row}, "repeats": {"p": [row]}}))
+    recorded = Space.model_validate({"engines": ["vllm"], "static": {"max_model_len": 2048}})
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"space": recorded.model_dump(), "points": {"p": row}, "repeats": {"p": [row]}}))
     loaded = _table.load_capacity(path)
-    assert loaded["space_file"] == str(heavy_space)
-    light = {"space_file": str(_table.CAPACITY_GRIDS["light"][1])}
-    assert _table.capacity_space(loaded).parameters != _table.capacity_space(light).parameters
+    assert _table.capacity_space(loaded) == recorded and _table.capacity_space(loaded).static.max_model_len == 2048
     key = _table.key({"max_num_seqs": 4})
     assert list(loaded["points"]) == list(loaded["repeats"]) == [key]
     again = loaded["repeats"][key][0]["rungs"][3]
     assert isinstance(again, Measured) and again.rate_req_s == pytest.approx(0.67)
-    (tmp_path / "elsewhere.json").write_text(path.read_text())
-    with pytest.raises(SystemExit, match="not a capacity table"):
-        _table.load_capacity(tmp_path / "elsewhere.json")
+
+
+def test_the_first_capacity_table_replays_with_the_context_it_served() -> None:
+    table = _table.load_capacity(_table.CAPACITY_GRIDS["light"][0])
+    served = next(p for p in table["points"].values() if not p["failure"])
+    argv = served["argv"]
+    assert _table.capacity_space(table).static.max_model_len == int(argv[argv.index("--max-model-len") + 1])
