@@ -39,6 +39,7 @@ import numpy as np
 import optuna
 
 from tests.benchmarks import _report, _table, bench_search, model_diagnosis
+from tests.benchmarks.stamp import stamp_line
 from tuner.engines.base import Device
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
@@ -229,6 +230,14 @@ def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, shapes: list[S
     return out
 
 
+def _reused(data: dict[str, Any]) -> str:
+    """Where the prediction comes from an earlier run than the search (``--search-only``), which one."""
+    own = data["prediction"].get("stamp")
+    if not own or own == data["stamp"]:
+        return ""
+    return f" The prediction below is from an earlier run: {stamp_line(own)}."
+
+
 def _measured(data: dict[str, Any]) -> str:
     """When the table was served, from the run's record of it (``measured``)."""
     m = data["prediction"].get("measured")
@@ -250,10 +259,10 @@ def render(data: dict[str, Any]) -> str:
     lines = [
         f"## The performance model: prediction (`tests/benchmarks/bench_model.py --grid {grid}`{on})", "",
         f"The table `tests/benchmarks/data/{table}` (`{data.get('table', 'grid-cpu-capacity.yaml')}`, "
-        f"{_measured(data)}). Leave one config out over the capacity table's served configs: the model is "
-        "fitted on every other config's recorded steps (the table's rungs) and predicts this one's capacity "
-        "before it would boot; the truth is the config's own ladder. Goal: within 20 % for at least 80 % of "
-        "the served configs.", "",
+        f"{_measured(data)}).{_reused(data)} Leave one config out over the capacity table's served configs: "
+        "the model is fitted on every other config's recorded steps (the table's rungs) and predicts this "
+        "one's capacity before it would boot; the truth is the config's own ladder. Goal: within 20 % for "
+        "at least 80 % of the served configs.", "",
         _report.table(["tier", "within 20 %", "median error", "median abs error", "rank correlation (Spearman)",
                        "within 20 % of the ladder's bracket"],
                       [[t, f"{v['within']}/{v['configs']}", _pct(v["median_error"]), _pct(v["median_abs_error"], ""),
@@ -371,16 +380,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--skip-search", action="store_true", help="the prediction section alone")
+    parser.add_argument("--search-only", action="store_true",
+                        help="the search alone, beside the grid's prediction its last run stored")  # fmt: skip
     parser.add_argument("--grid", choices=sorted(_table.CAPACITY_GRIDS), default="light")
     args = parser.parse_args()
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    name = "model" if args.grid == "light" else f"model-{args.grid}"
     table = _table.load_capacity(_table.CAPACITY_GRIDS[args.grid][0])
     if args.grid == "light":
         shapes, blocks = shapes_and_blocks()
         table = with_ids(table, len(shapes))
     else:
         shapes, blocks = heavy_shapes_and_blocks(table)
+    if args.search_only:
+        stored = json.loads(JSON_PATH.read_text()).get(name) if JSON_PATH.exists() else None
+        if not stored or not stored.get("prediction"):
+            raise SystemExit(f"bench_model --search-only: no stored prediction for --grid {args.grid}; run without it")
+        # the prediction keeps the stamp of the run that made it
+        prediction = {"stamp": stored["stamp"], **stored["prediction"]}
+    else:
+        prediction = predict_table(table, shapes, blocks)
+    searched = {} if args.skip_search else search(table, _table.plan_of(table, ("interactive",)), args.seeds,
+                                                  shapes, blocks)  # fmt: skip
+    data = {"stamp": started, "seeds": args.seeds, "grid": args.grid, "table": _table.CAPACITY_GRIDS[args.grid][1].name,
+            "prediction": prediction, "search": searched}  # fmt: skip
+    text = render(data)
+    _report.write_section(name, text, data, MD_PATH, JSON_PATH)
+    print(text)
+
+
+def predict_table(table: dict[str, Any], shapes: list[Shape], blocks: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """Leave one config out over the table's served configs, with the truth's noise beside it."""
     plan = _table.plan_of(table, TIERS)
     brackets = {k: {t: _table.ladder_bracket(p["rungs"], plan, t) for t in TIERS}
                 for k, p in table["points"].items() if not p["failure"]}  # fmt: skip
@@ -389,14 +420,7 @@ def main() -> None:
              for k, rows in table.get("repeats", {}).items() if rows and not rows[0]["failure"]}  # fmt: skip
     prediction = leave_one_out(served_of(table, blocks), truth, plan, device_of(table), shapes, brackets, again)
     prediction["measured"] = measured_when(table)
-    searched = {} if args.skip_search else search(table, _table.plan_of(table, ("interactive",)), args.seeds,
-                                                  shapes, blocks)  # fmt: skip
-    data = {"stamp": started, "seeds": args.seeds, "grid": args.grid, "table": _table.CAPACITY_GRIDS[args.grid][1].name,
-            "prediction": prediction, "search": searched}  # fmt: skip
-    text = render(data)
-    name = "model" if args.grid == "light" else f"model-{args.grid}"
-    _report.write_section(name, text, data, MD_PATH, JSON_PATH)
-    print(text)
+    return prediction
 
 
 if __name__ == "__main__":
