@@ -10,6 +10,7 @@ replay saves exactly the recorded time after its checkpoint.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import time
@@ -24,8 +25,7 @@ from tuner.engines.env import EngineEnv, probe
 from tuner.engines.models import default_models
 from tuner.engines.speculation import OFF, draft_of, method_of
 from tuner.engines.vllm import VllmAdapter
-from tuner.measure.capacity import summarize_step
-from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity
+from tuner.measure.rate_steps import CapacityPlan, Measured, judge_served, search_capacity
 from tuner.measure.trial import Pruned, TrialContext, TrialResult, WatchFactory, score_capacity
 from tuner.progress import Quiet
 from tuner.search.memory import estimate, parse_facts
@@ -169,15 +169,32 @@ def context(table: dict[str, Any], slo: dict[str, float]) -> TrialContext:
 CAPACITY_GRIDS = {
     "light": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag.json",
               ROOT / "search_spaces/grid-cpu-capacity.yaml"),
-    "heavy": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag_heavy.json",
+    "heavy": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag_heavy.json.gz",
               ROOT / "search_spaces/grid-cpu-capacity-heavy.yaml"),
 }  # fmt: skip
 CAPACITY_TABLE = CAPACITY_GRIDS["light"][0]
 
 
+def read_table(path: Path) -> dict[str, Any]:
+    """A table file as measured: JSON, gzip-compressed where its name ends in ``.gz`` (every token's
+    gap of every rung makes a table of tens of MB)."""
+    return dict(json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text()))
+
+
+def write_table(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as ``read_table`` reads it, atomically: an interrupted run never leaves a torn table."""
+    text = json.dumps(data, indent=1, default=str) + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".gz":
+        tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        tmp.write_text(text)
+    tmp.replace(path)
+
+
 def load_capacity(path: Path = CAPACITY_TABLE) -> dict[str, Any]:
     """The capacity table, its points keyed by their (unprefixed) params and each rung's step rebuilt."""
-    table = dict(json.loads(path.read_text()))
+    table = read_table(path)
     points = {}
     for row in table["points"].values():
         points[key(row["params"])] = {**row, "rungs": _rungs(row)}
@@ -234,15 +251,8 @@ def ladder_capacity(rungs: dict[int, Measured], plan: CapacityPlan, tier: str) -
 def ladder_bracket(rungs: dict[int, Measured], plan: CapacityPlan, tier: str) -> tuple[float, float]:
     """What the ladder resolved: its answer (``ladder_capacity``) and the lowest failing rung above it
     (inf where none failed); the config's capacity lies between them."""
-    steps = [
-        replace(s, passed=False) if m.aborted else s
-        for m in rungs.values()
-        if (
-            s := summarize_step(
-                m.rate_req_s, m.rows, plan.tiers[tier], plan.target, m.duration_s, itl_ms=m.itl_ms, z=plan.z
-            )
-        )
-    ]
+    # judged as the search judges a step (a rung a look stopped counts only the requests the look did)
+    steps = [judge_served(m, plan.tiers[tier], plan) for m in rungs.values()]
     fails = [s.rate_req_s for s in steps if not s.passed]
     ceiling = min(fails, default=math.inf)
     return max((s.rate_req_s for s in steps if s.passed and s.rate_req_s < ceiling), default=0.0), ceiling

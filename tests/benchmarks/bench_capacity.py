@@ -34,9 +34,8 @@ from tests.benchmarks import _engine
 from tests.benchmarks._report import ROOT, sections, table, with_section
 from tests.benchmarks.stamp import stamp, stamp_line
 from tuner.engines.base import Config
-from tuner.measure.capacity import summarize_step
 from tuner.measure.process import ServerProcess, free_port
-from tuner.measure.rate_steps import CapacityPlan, Measured, measure_step, search_capacity
+from tuner.measure.rate_steps import CapacityPlan, Measured, judge_served, measure_step, search_capacity
 from tuner.measure.supply import RequestSupply
 from tuner.measure.trial import reset_prefix_cache
 from tuner.progress import Progress
@@ -93,7 +92,7 @@ def _measure(setup: Setup, server: ServerProcess, client: httpx.Client, log: lis
 def _judged(plan: CapacityPlan, m: Measured) -> dict[str, Any]:
     out: dict[str, Any] = {"rate_req_s": m.rate_req_s, "seconds": round(m.duration_s, 2), "requests": len(m.rows)}
     for tier, slo in plan.tiers.items():
-        step = summarize_step(m.rate_req_s, m.rows, slo, plan.target, m.duration_s, itl_ms=m.itl_ms, server=m.server)
+        step = judge_served(m, slo, plan)
         out[tier] = {k: step.as_dict()[k] for k in ("attainment", "passed", "saturated", "ttft_p95_ms", "tpot_p95_ms")}
     return out
 

@@ -11,6 +11,8 @@ rag preset as it is now (GuideLLM's RAG shape, scaled to the CPU context), where
 light preset left the engine default tied for the best. Its ladder starts higher (``HEAVY_RUNGS``),
 since its configs carry several times the first table's rates. ``--repeat N`` then serves the
 first N served configs again on fresh boots (kept under ``repeats``): the truth's own noise.
+``--extend`` climbs on, on a fresh boot, from where a ladder stopped before ``FAILS_TO_STOP`` rungs
+in a row failed as the search judges them (``_extend``).
 
 Each config boots as a capacity trial does (``tuner.measure.trial``: fresh boot, warmup, the prefix
 cache reset before every step), then serves a fixed geometric ladder of open-loop steps with the
@@ -37,13 +39,12 @@ import httpx
 import optuna
 
 from tests.benchmarks import _report
-from tests.benchmarks._table import CAPACITY_GRIDS, grid_offers
+from tests.benchmarks._table import CAPACITY_GRIDS, grid_offers, read_table, write_table
 from tests.benchmarks.measure_grid import _memory_lines
 from tuner.engines.base import Config
 from tuner.errors import EngineLaunchError
-from tuner.measure.capacity import summarize_step
 from tuner.measure.process import ServerProcess, free_port, tail
-from tuner.measure.rate_steps import CapacityPlan, Measured, measure_step
+from tuner.measure.rate_steps import CapacityPlan, Measured, judge_served, measure_step
 from tuner.measure.supply import RequestSupply
 from tuner.measure.trial import TrialContext, TrialResult, healthy, reset_prefix_cache, warm_up
 from tuner.progress import Progress
@@ -70,16 +71,17 @@ def ladder_rate(plan: CapacityPlan, rung: int) -> float:
 
 
 def _passes(m: Measured, plan: CapacityPlan, tier: str) -> bool:
-    step = summarize_step(m.rate_req_s, m.rows, plan.tiers[tier], plan.target, m.duration_s, itl_ms=m.itl_ms)
-    return step.passed and not m.aborted
+    return judge_served(m, plan.tiers[tier], plan).passed
 
 
 def serve_ladder(
-    number: int, config: Config, ctx: TrialContext, plan: CapacityPlan, rungs_from_to: tuple[int, int]
-) -> dict[str, Any]:
+    number: int, config: Config, ctx: TrialContext, plan: CapacityPlan, rungs_from_to: tuple[int, int],
+    fails_before: int = 0, walk_down: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     """Boot ``config``, warm up, and serve the ladder from the first of ``rungs_from_to`` up (at most
-    to the second), then down where the first rung failed the interactive tier; the row the table
-    keeps for it."""
+    to the second, until ``FAILS_TO_STOP`` rungs in a row fail the relaxed tier, ``fails_before`` of
+    them already), then down where the first rung failed the interactive tier (``walk_down``); the
+    row the table keeps for it."""
     first_rung, top_rung = rungs_from_to
     adapter, env = ctx.engines[config.engine]
     spec = adapter.launch(config, ctx.model, ctx.device, free_port(), env.python, env.version)
@@ -109,14 +111,15 @@ def serve_ladder(
                                   f"{m.duration_s:.0f} s: {verdict} ({'/'.join(plan.tiers)})")  # fmt: skip
                 return m
 
-            fails, rung = 0, first_rung
+            fails, rung = fails_before, first_rung
             while rung <= top_rung and fails < FAILS_TO_STOP:
                 fails = 0 if _passes(serve(rung), plan, "relaxed") else fails + 1
                 rung += 1
             floor = plan.start_rate / 8  # where a search without an incumbent reports no capacity
             rung = first_rung - 1
-            while not _passes(rungs[min(rungs)], plan, "interactive") and ladder_rate(plan, rung) >= floor:
-                serve(rung)
+            low_fails = walk_down and not _passes(rungs[min(rungs)], plan, "interactive")
+            while low_fails and ladder_rate(plan, rung) >= floor:
+                low_fails = not _passes(serve(rung), plan, "interactive")
                 rung -= 1
             ladder_s = time.monotonic() - started
             alive = server.alive() and healthy(client, server)
@@ -133,7 +136,7 @@ def serve_ladder(
     }
 
 
-def measure(out: Path, limit: int | None, heavy: bool = False, repeat: int = 0) -> None:
+def measure(out: Path, limit: int | None, heavy: bool = False, repeat: int = 0, extend: bool = False) -> None:
     space_path = CAPACITY_GRIDS["heavy" if heavy else "light"][1]
     rungs_from_to = HEAVY_RUNGS if heavy else (FIRST_RUNG, TOP_RUNG)
     space = load_space(space_path)
@@ -149,7 +152,7 @@ def measure(out: Path, limit: int | None, heavy: bool = False, repeat: int = 0) 
     log_dir = LOG_DIR.with_name(LOG_DIR.name + "-heavy") if heavy else LOG_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
     ctx = TrialContext(engines, model, device, workload, log_dir, progress, 300.0, {}, capacity=plan)
-    data: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {
+    data: dict[str, Any] = read_table(out) if out.exists() else {
         "what": f"every config of search_spaces/{space_path.name}, served on a fixed ladder of rates",
         "stamp": _report.stamp(),
         "space": space.model_dump(),
@@ -171,7 +174,9 @@ def measure(out: Path, limit: int | None, heavy: bool = False, repeat: int = 0) 
     for i, point in enumerate(todo):
         row = _served(point, len(data["points"]), space, offers, ctx, plan, rungs_from_to, f"{i + 1}/{len(todo)}")
         data["points"][json.dumps(point, sort_keys=True)] = row
-        _write(out, data)
+        write_table(out, data)
+    if extend:
+        _extend(out, data, space, offers, ctx, plan, rungs_from_to)
     # The same config served again, on a fresh boot: the truth's own noise, which bounds what any
     # prediction of one ladder can reach (bench_model). The first served configs in order, once each.
     served = sorted((kv for kv in data["points"].items() if not kv[1]["failure"]), key=lambda kv: kv[1]["order"])
@@ -181,18 +186,50 @@ def measure(out: Path, limit: int | None, heavy: bool = False, repeat: int = 0) 
             continue
         again[point] = [_served(json.loads(point), row["order"], space, offers, ctx, plan, rungs_from_to,
                                 f"repeat {i + 1}/{repeat}")]  # fmt: skip
-        _write(out, data)
+        write_table(out, data)
+
+
+def _extend(out: Path, data: dict[str, Any], space: Space, offers: dict[str, Offer], ctx: TrialContext,
+            plan: CapacityPlan, rungs_from_to: tuple[int, int]) -> None:  # fmt: skip
+    """Climb again, on a fresh boot, every ladder (repeats included) that stopped before
+    ``FAILS_TO_STOP`` rungs in a row failed the relaxed tier as the search judges a step
+    (``judge_served``): a climb judged without a look's own window stopped on requests a look had
+    left in flight. The new rungs join the row, which records the extension."""
+    rows = list(data["points"].items()) + [(p, r) for p, rs in data.get("repeats", {}).items() for r in rs]
+    for point, row in rows:
+        if row["failure"] or not row["rungs"]:
+            continue
+        rungs = {int(r): Measured(**m) for r, m in row["rungs"].items()}
+        top = max(rungs)
+        trailing = 0
+        for r in sorted(rungs, reverse=True):
+            if _passes(rungs[r], plan, "relaxed"):
+                break
+            trailing += 1
+        if trailing >= FAILS_TO_STOP or top >= rungs_from_to[1]:
+            continue
+        more = _served(json.loads(point), row["order"], space, offers, ctx, plan, (top + 1, rungs_from_to[1]),
+                       f"extending from rung {top + 1}", fails_before=trailing, walk_down=False)  # fmt: skip
+        if more["failure"]:
+            row.setdefault("extensions", []).append({"failure": more["failure"], "at": more["measured_at"]})
+        else:
+            row["rungs"].update(more["rungs"])
+            row.setdefault("extensions", []).append({"from_rung": top + 1, "at": more["measured_at"],
+                                                     "phases_s": more["phases_s"], "load_avg_1m_before":
+                                                     more["load_avg_1m_before"]})  # fmt: skip
+        write_table(out, data)
 
 
 def _served(point: dict[str, Any], number: int, space: Space, offers: dict[str, Offer], ctx: TrialContext,
-            plan: CapacityPlan, rungs_from_to: tuple[int, int], said: str) -> dict[str, Any]:  # fmt: skip
+            plan: CapacityPlan, rungs_from_to: tuple[int, int], said: str, fails_before: int = 0,
+            walk_down: bool = True) -> dict[str, Any]:  # fmt: skip
     """One config booted and served on the ladder: the row the table keeps for it. The grid point
     becomes a config as a trial's params do (``suggest`` on a fixed trial: a draft under its method)."""
     config = suggest(cast(optuna.Trial, optuna.trial.FixedTrial(point)), space, offers, point == {"engine": "vllm"})
     params = dict(config.params)
     started, load = time.time(), os.getloadavg()[0]
     ctx.progress.line(f"capacity grid: {said} {params or 'engine defaults'}")
-    row = serve_ladder(number, config, ctx, plan, rungs_from_to)
+    row = serve_ladder(number, config, ctx, plan, rungs_from_to, fails_before, walk_down)
     outcome = row["failure"] or f"{len(row['rungs'])} rungs"
     ctx.progress.line(f"capacity grid: {said} -> {outcome} in {time.time() - started:.0f} s")
     return {
@@ -201,20 +238,16 @@ def _served(point: dict[str, Any], number: int, space: Space, offers: dict[str, 
     }  # fmt: skip
 
 
-def _write(out: Path, data: dict[str, Any]) -> None:
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    tmp.replace(out)  # atomic: an interrupted run never leaves a torn table
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heavy", action="store_true", help="the heavy table: its space, today's rag, its ladder")
     parser.add_argument("--out", type=Path, help="default: the grid's table (tests/benchmarks/_table.CAPACITY_GRIDS)")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--repeat", type=int, default=0, help="then serve the first N served configs again")
+    parser.add_argument("--extend", action="store_true", help="climb on where a ladder stopped before its top")
     args = parser.parse_args()
-    measure(args.out or CAPACITY_GRIDS["heavy" if args.heavy else "light"][0], args.limit, args.heavy, args.repeat)
+    out = args.out or CAPACITY_GRIDS["heavy" if args.heavy else "light"][0]
+    measure(out, args.limit, args.heavy, args.repeat, args.extend)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from tuner.measure.capacity import (
     CapacityResult,
     CapacitySearch,
     Row,
+    Step,
     attainment_interval,
     cut_reason,
     decide,
@@ -406,6 +407,23 @@ def measure_step(
     return watch.ended(rows, gaps, duration, reason, server, replayed)
 
 
+def judge_served(m: Measured, slo: Mapping[str, float], plan: CapacityPlan, rate: float | None = None) -> Step:
+    """A served step judged under one tier's ``slo``, as a capacity search judges it: over the send
+    times its looks counted (``window_s``: a step a look stopped leaves its last requests in flight,
+    and those are not misses), at the plan's look quantile, failing where its queue kept growing. A
+    step the monitor cut (saturated, or collapsed under every tier) never passes, and says so, since
+    its end-of-step figures alone may look like a pass. The one definition: the search and the
+    benchmarks' fixed ladders (``tests/benchmarks``) judge through it."""
+    step = summarize_step(
+        m.rate_req_s if rate is None else rate, m.rows, slo, plan.target, m.duration_s, itl_ms=m.itl_ms,
+        server=m.server, window_s=m.window_s, z=plan.z, queue_growing=m.queue_growing,
+    )  # fmt: skip
+    step = replace(step, replayed=m.replayed, held=m.held)
+    if m.aborted:
+        step = replace(step, passed=False, cut_s=round(m.duration_s, 2), cut_reason=m.cut_reason)
+    return step
+
+
 def search_capacity(
     measure: Callable[..., Measured],
     plan: CapacityPlan,
@@ -458,16 +476,7 @@ def _search_tiers(
                 by_rate[key] = measure(rate, hold=True) if search.whole else measure(rate)
                 served.append(by_rate[key])
             m = by_rate[key]
-            step = summarize_step(
-                rate, m.rows, slo, plan.target, m.duration_s, itl_ms=m.itl_ms, server=m.server,
-                window_s=m.window_s, z=plan.z, queue_growing=m.queue_growing,
-            )  # fmt: skip
-            step = replace(step, replayed=m.replayed, held=m.held)
-            if m.aborted:
-                # The monitor cut it: saturated (requests in flight kept growing, so no SLO holds
-                # for long at this rate), or collapsed under every tier. Never a pass, and the
-                # step says so, since the end-of-step figures alone may look like one.
-                step = replace(step, passed=False, cut_s=round(m.duration_s, 2), cut_reason=m.cut_reason)
+            step = judge_served(m, slo, plan, rate)
             search.record(step, measured=fresh)
             if said is not None:
                 why = f": {step.cut_reason}" if step.cut_reason else ""

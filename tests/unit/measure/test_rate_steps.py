@@ -443,3 +443,24 @@ def test_a_claim_passed_at_a_look_is_served_again_whole_and_both_steps_are_kept(
     at = found.at_capacity()
     assert at is not None and at.held
     assert any("served whole to confirm the claim" in line for line in said), said
+
+
+def test_a_step_a_look_stopped_is_judged_over_the_look_s_window_not_the_steady_one() -> None:
+    """A look decided the step at 6 s and stopped it: the requests sent in its last second were still
+    running, unfinished. ``judge_served`` (the search's judgement, and the benchmarks' fixed ladders')
+    counts the look's window, where every request met the SLO; the default steady window would count
+    the unfinished ones as misses and fail a step that passed (the heavy CPU table's climbs stopped
+    on such fails)."""
+    plan = CapacityPlan(tiers={"interactive": {"ttft_p95_ms": 1000.0}}, scored=("interactive",), min_requests=10)
+    rows = [{"sent_s": i * 0.1, "first_s": i * 0.1 + 0.05, "done_s": i * 0.1 + 0.3, "output_tokens": 8,
+             "prompt_tokens": 100, "error": None} for i in range(50)]  # fmt: skip
+    rows += [{"sent_s": 5.0 + i * 0.1, "first_s": None, "done_s": None, "output_tokens": 0, "prompt_tokens": 100,
+              "error": None} for i in range(10)]  # fmt: skip
+    stopped = Measured(4.0, rows, [], 6.0, window_s=(0.5, 4.9), looks=1, held=False)
+    slo = plan.tiers["interactive"]
+    judged = rate_steps.judge_served(stopped, slo, plan)
+    assert judged.passed and judged.attainment == 1.0 and judged.window_s == (0.5, 4.9) and not judged.held
+    steady = summarize_step(4.0, rows, slo, plan.target, 6.0, z=plan.z)
+    assert not steady.passed and steady.attainment < plan.target, "unfinished requests count as misses there"
+    cut = rate_steps.judge_served(replace(stopped, aborted=True, cut_reason="saturated"), slo, plan)
+    assert not cut.passed and cut.cut_reason == "saturated" and cut.cut_s == 6.0
