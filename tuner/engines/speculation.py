@@ -73,6 +73,14 @@ def draft_of(params: Mapping[str, Any]) -> str | None:
     return str(params["draft_model"]) if method_of(params) in WITH_DRAFT and params.get("draft_model") else None
 
 
+def proposer_of(params: Mapping[str, Any]) -> str | None:
+    """What proposes a config's speculative tokens, as one name: its draft or head, or else its
+    model-free method (``ngram``, ``suffix``, ``mtp``), which has no draft to name; None when off.
+    Drafting costs and acceptance are facts of the proposer (``tuner.search.model``)."""
+    method = method_of(params)
+    return None if method == OFF else draft_of(params) or method
+
+
 def describe(params: Mapping[str, Any]) -> str:
     """A config's speculation in words: ``EAGLE-3 eagle3-head K=3``, ``n-gram K=4`` or ``off``."""
     method = method_of(params)

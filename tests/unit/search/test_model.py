@@ -17,10 +17,11 @@ import pytest
 
 from tuner.engines.base import Device
 from tuner.engines.sglang import SglangAdapter
+from tuner.engines.speculation import proposer_of
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.model.fit import Fit, ObservedStep, fit_costs, nnls
-from tuner.search.model.history import Served, Shape, computed_prompts
+from tuner.search.model.history import Served, Shape, computed_prompts, speculation
 from tuner.search.model.predict import EngineModel, Prediction, bisect_capacity, expected_improvement, model_sigma
 from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of, simulate
 
@@ -203,9 +204,8 @@ def _served(truth: EngineModel, params: dict[str, object]) -> Served:
     scheduler = adapter.scheduler_limits(params, CPU)
     limits = Limits(scheduler.token_budget, scheduler.max_seqs, None)
     k = int(params.get("num_speculative_tokens") or 0)  # type: ignore[call-overload]
-    spec = (
-        Speculation(str(params["draft_model"]), k, truth.acceptance["vllm"][str(params["draft_model"])]) if k else None
-    )
+    proposer = proposer_of(params) or ""
+    spec = Speculation(proposer, k, truth.acceptance["vllm"][proposer]) if k else None
     theta = truth.fits["vllm"].theta(spec)
     assert theta is not None
     steps = []
@@ -306,3 +306,19 @@ def test_a_draft_one_engine_ran_brings_its_acceptance_to_the_other_engine() -> N
     for p in (known, unknown):
         assert p.low_req_s is not None and p.high_req_s is not None and p.low_req_s < p.high_req_s
     assert known.high_req_s - known.low_req_s < unknown.high_req_s - unknown.low_req_s  # type: ignore[operator]
+
+
+def test_each_model_free_method_is_its_own_proposer() -> None:
+    """n-gram and suffix decoding name no draft: each is its own proposer, with its own acceptance and
+    drafting costs, not one shared under a missing draft's name."""
+    ngram, suffix = ({"max_num_seqs": 4, "spec_method": m, "num_speculative_tokens": 2} for m in ("ngram", "suffix"))
+    assert [speculation(p, 0.5).draft for p in (ngram, suffix)] == ["ngram", "suffix"]  # type: ignore[union-attr]
+    legacy = {"draft_model": "ngram", "num_speculative_tokens": 2}  # recorded before the method was a parameter
+    assert speculation(legacy, 0.5).draft == "ngram"  # type: ignore[union-attr]
+    drafted = {"spec_method": "draft_model", "num_speculative_tokens": 2, "draft_model": "d"}
+    assert speculation(drafted, 0.5).draft == "d" and speculation({"spec_method": "off"}, 0.5) is None  # type: ignore[union-attr]
+    truth = _truth(drafts={"ngram": TRUE_DRAFT, "suffix": TRUE_DRAFT}, acceptance={"ngram": 0.8, "suffix": 0.3})
+    model = EngineModel.fit([_served(truth, {"max_num_seqs": 4}), _served(truth, ngram), _served(truth, suffix)],
+                            {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)  # fmt: skip
+    assert model.acceptance["vllm"] == {"ngram": pytest.approx(0.8, abs=0.01), "suffix": pytest.approx(0.3, abs=0.01)}
+    assert set(model.fits["vllm"].drafts) == {"ngram", "suffix"}

@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 
 from tuner.engines.base import Device, EngineAdapter
+from tuner.engines.speculation import proposer_of
 from tuner.measure.rate_steps import ROW_FIELDS, Measured
 from tuner.search.model.fit import ObservedStep
 from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of
@@ -71,7 +72,7 @@ def speculation(params: Mapping[str, Any], accept: float) -> Speculation | None:
     k = int(params.get("num_speculative_tokens") or 0)
     if k <= 0:
         return None
-    draft = str(params.get("draft_model"))
+    draft = proposer_of(params) or ""
     schedule = tuple((int(a), int(b), int(c)) for a, b, c in params.get("spec_schedule") or ())
     return Speculation(draft, k, accept, schedule)
 
@@ -157,7 +158,7 @@ def draft_acceptance(served: Sequence[Served], engine: str) -> dict[str, float]:
             continue
         for step in s.steps:
             if (a := step_acceptance(step, k)) is not None:
-                seen.setdefault(str(s.params.get("draft_model")), []).append(a)
+                seen.setdefault(proposer_of(s.params) or "", []).append(a)
     return {draft: statistics.median(values) for draft, values in seen.items()}
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tuner.engines.base import Device, EngineAdapter
+from tuner.engines.speculation import proposer_of
 from tuner.measure.capacity import FLOOR_DIVISOR, summarize_step
 from tuner.measure.rate_steps import CapacityPlan
 from tuner.search.model.fit import Fit, fit_costs
@@ -108,8 +109,8 @@ class EngineModel:
             acceptance[engine] = draft_acceptance(mine, engine)
             steps = []
             for s in mine:
-                draft = str(s.params.get("draft_model"))
-                steps += observed(s, adapters[engine], device, acceptance[engine].get(draft, NO_ACCEPTANCE))
+                accept = acceptance[engine].get(proposer_of(s.params) or "", NO_ACCEPTANCE)
+                steps += observed(s, adapters[engine], device, accept)
             fitted = fit_costs(steps, start=(start or {}).get(engine))
             if fitted is not None:
                 fits[engine] = fitted
