@@ -322,3 +322,18 @@ def test_each_model_free_method_is_its_own_proposer() -> None:
                             {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)  # fmt: skip
     assert model.acceptance["vllm"] == {"ngram": pytest.approx(0.8, abs=0.01), "suffix": pytest.approx(0.3, abs=0.01)}
     assert set(model.fits["vllm"].drafts) == {"ngram", "suffix"}
+
+
+def test_a_step_longer_than_the_known_requests_does_not_hit_the_cache_on_their_repeats() -> None:
+    """Prompts that share nothing, known by their blocks: a predicted step that needs more requests
+    than the workload's known ones sends them again for their lengths, and must not find them cached
+    (a real step's requests are distinct), so the capacity does not depend on how many are known."""
+    distinct = [Shape(400, 32, tuple(range(100 * i, 100 * i + 25))) for i in range(len(SHAPES))]  # alike but for blocks
+    few, many = (replace(_truth(), shapes=distinct[:k]) for k in (4, len(distinct)))
+    limits = Limits(512, 8, None)
+    rows = few.step_rows(4.0, limits, np.array(TRUE), None, OVERHEAD)
+    assert len(rows) > 4 and all(r["blocks"] is None for r in rows), "beyond the known requests: the hit rate"
+    assert all(r["blocks"] is not None for r in many.step_rows(0.5, limits, np.array(TRUE), None, OVERHEAD))
+    at_few, at_many = (m.predict("vllm", {"max_num_seqs": 8, "chunk_size": 512}, None) for m in (few, many))
+    for tier in PLAN.scored:
+        assert at_few[tier].capacity_req_s == pytest.approx(at_many[tier].capacity_req_s, rel=0.15), tier

@@ -183,11 +183,15 @@ class EngineModel:
     def step_rows(
         self, rate: float, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
     ) -> list[dict[str, Any]]:
-        """A simulated step at ``rate``: the plan's requests for it, as request rows a real step records."""
+        """A simulated step at ``rate``: the plan's requests for it, as request rows a real step records.
+        A step longer than the workload's known requests sends them again, in order, for their
+        lengths; a real step's requests are distinct, and a prompt sent again would hit the simulated
+        prefix cache whole, so such a step spreads the measured hit rate instead of their blocks."""
         n = math.ceil(rate * self.plan.look_s(rate) * self.plan.step_limit)
         times = release_times(n, Arrival(rate=rate, burstiness=self.plan.burstiness), self.plan.seed)
+        known = n <= len(self.shapes)
         rows = [{"sent_s": float(t or 0.0), "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
-                 "blocks": shape.blocks, "error": None}
+                 "blocks": shape.blocks if known else None, "error": None}
                 for t, shape in zip(times, islice(cycle(self.shapes), n), strict=True)]  # fmt: skip
         lines = simulate(step_works(rows, self.hit), limits, theta, spec)
         for row, line in zip(rows, lines, strict=True):
