@@ -81,10 +81,13 @@ def shapes_and_blocks() -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
 
 def measured_when(table: dict[str, Any]) -> dict[str, Any]:
     """When and on which commit the table's configs were served, and the machine's load before each."""
-    stamps = sorted(p["measured_at"] for p in table["points"].values())
-    loads = [p["load_avg_1m_before"] for p in table["points"].values()]
+    rows = list(table["points"].values()) + [r for rs in table.get("repeats", {}).values() for r in rs]
+    served = rows + [e for r in rows for e in r.get("extensions", []) if "load_avg_1m_before" in e]
+    stamps = sorted([r["measured_at"] for r in rows] + [e["at"] for r in rows for e in r.get("extensions", [])])
+    loads = [r["load_avg_1m_before"] for r in served]
     return {"first": stamps[0], "last": stamps[-1], "commit": (table["stamp"].get("commit") or "?")[:7],
-            "load_low": min(loads), "load_high": max(loads)}  # fmt: skip
+            "load_low": min(loads), "load_high": max(loads), "repeats": len(table.get("repeats", {})),
+            "extended": sum(bool(r.get("extensions")) for r in rows)}  # fmt: skip
 
 
 def heavy_shapes_and_blocks(table: dict[str, Any]) -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
@@ -241,9 +244,12 @@ def _reused(data: dict[str, Any]) -> str:
 def _measured(data: dict[str, Any]) -> str:
     """When the table was served, from the run's record of it (``measured``)."""
     m = data["prediction"].get("measured")
-    return "when it was served: not recorded" if not m else (
-        f"served {m['first']} to {m['last']} on {m['commit']}, 1-minute load average "
-        f"{m['load_low']:.1f}-{m['load_high']:.1f} before each config")  # fmt: skip
+    if not m:
+        return "when it was served: not recorded"
+    again = f"; {m['repeats']} configs served again" if m.get("repeats") else ""
+    extended = f"; {m['extended']} ladders climbed on from a later boot" if m.get("extended") else ""
+    return (f"served {m['first']} to {m['last']}, the run started on {m['commit']}, 1-minute load average "
+            f"{m['load_low']:.1f}-{m['load_high']:.1f} before each boot{again}{extended}")  # fmt: skip
 
 
 def _pct(value: float | None, sign: str = "+") -> str:
@@ -281,9 +287,9 @@ def render(data: dict[str, Any]) -> str:
         reach = " (under the goal: out of reach on this table)" if n["perfect_within"] < GOAL_SHARE else ""
         lines.append(
             f"- {t}: {v['within']} of {v['configs']} within 20 %: goal {met}. One measurement of this tier's "
-            f"ladder carries a log noise of {n['sigma']:.2f} ({n['pairs']} pairs of configs identical in effect, "
-            f"below), so a predictor that knew each config's true capacity would be within 20 % of the table for "
-            f"{100 * n['perfect_within']:.0f} % of configs{reach}; "
+            f"ladder carries a log noise of {n['sigma']:.2f} ({n['pairs']} pairs of ladders of one config or of "
+            "configs identical in effect, below), so a predictor that knew each config's true capacity would be "
+            f"within 20 % of the table for {100 * n['perfect_within']:.0f} % of configs{reach}; "
             f"a prediction honestly carries ±{100 * n['band']:.0f} % (90 %), and {in_band[t]} of {v['configs']} "
             "measurements lie inside that band."
         )  # fmt: skip
@@ -339,10 +345,12 @@ def _wrong_lines(data: dict[str, Any], on: str) -> list[str]:
     worst = sorted(rows, key=lambda r: -abs(math.log(max(r["interactive_predicted"] or 1e-9, 1e-9)
                                                      / max(r["interactive_measured"], 1e-9))))[:3]  # fmt: skip
     cache, bias = d["cache"], d["bias"]
+    # the direction of the interactive tier's median error names the section
+    way = "over-predicted" if data["prediction"]["summary"]["interactive"]["median_error"] > 0 else "under-predicted"
     pairs = "; ".join(f"`{a}` against `{b}`" for a, b in d["pairs"])
     return [
-        f"## Why the model over-predicted, and where it is still wrong{on}", "",
-        "Each candidate cause of the over-prediction, measured from the table's recorded steps "
+        f"## Why the model {way}, and where it is still wrong{on}", "",
+        f"Each candidate cause of the {way.replace('ed', 'ion')}, measured from the table's recorded steps "
         "(`tests/benchmarks/model_diagnosis.py`):", "",
         f"- Per-request overhead outside the engine (HTTP, tokenising): the client's mean TTFT exceeds the "
         f"server's own by a median {d['client_overhead_ms']:.1f} ms a step, against a TTFT bound of "
@@ -353,15 +361,17 @@ def _wrong_lines(data: dict[str, Any], on: str) -> list[str]:
         f"- Prefix cache: the counters show a median hit rate of {cache['small_hit']:.2f} in the smallest KV pools "
         f"({cache['small_kv_tokens']} tokens) and {cache['large_hit']:.2f} in the largest "
         f"({cache['large_kv_tokens']}), "
-        f"with {cache['preemptions']:.0f} preemptions over all steps: the simulator's cache, which never evicts, "
-        "is not what the table's small pools did differently.",
+        f"with {cache['preemptions']:.0f} preemptions over all steps: "
+        + ("the simulator's cache, which never evicts, is not what the table's small pools did differently."
+           if not cache["preemptions"] else
+           "the small pools preempted requests, which the simulator does too, while its cache never evicts."),
         f"- The fitted latencies: on the recorded steps the fit now simulates TTFT a median "
         f"{_pct(math.expm1(bias['ttft']))} and the decode time {_pct(math.expm1(bias['decode']))} off the measured "
-        f"({bias['requests']} requests). Before this run's fit each equation was weighted by 1 / its measured "
-        "latency, which gives slow measurements less weight than fast ones and pulled every cost down: the "
-        "simulated engine served faster than the real one and its queues formed later, the systematic "
-        "over-prediction of the earlier runs. The weights are now the model's own latencies.",
-        f"- The truth's own noise: configs identical in effect ({pairs}) measured ladders "
+        f"({bias['requests']} requests). Each equation is weighted by 1 / the model's own latency: weighting "
+        "by the measured latency gave slow measurements less weight and pulled every cost down, which made "
+        "the simulated engine faster than the real one (the first table's earlier over-prediction).",
+        f"- The truth's own noise: configs identical in effect, or one config served twice ({pairs}), measured "
+        "ladders "
         + ", ".join(f"{t} ratios {d['noise'][t]['ratios']}" for t in TIERS)
         + ". No model of the engine predicts that spread; it bounds what leave-one-out can reach (above).", "",
         "Where it is still wrong:", "",
@@ -383,10 +393,15 @@ def main() -> None:
     parser.add_argument("--search-only", action="store_true",
                         help="the search alone, beside the grid's prediction its last run stored")  # fmt: skip
     parser.add_argument("--grid", choices=sorted(_table.CAPACITY_GRIDS), default="light")
+    parser.add_argument("--render-only", action="store_true", help="re-render the grid's sections from the JSON")
     args = parser.parse_args()
+    name = "model" if args.grid == "light" else f"model-{args.grid}"
+    if args.render_only:  # the stored run's own stamp stays: a re-render is not a run
+        stored = json.loads(JSON_PATH.read_text())[name]
+        _report.write_section(name, render(stored), stored, MD_PATH, JSON_PATH)
+        return
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    name = "model" if args.grid == "light" else f"model-{args.grid}"
     table = _table.load_capacity(_table.CAPACITY_GRIDS[args.grid][0])
     if args.grid == "light":
         shapes, blocks = shapes_and_blocks()
