@@ -284,10 +284,13 @@ class CapacityTableRunner:
             return result
         costs: list[float] = []
 
-        def measure(rate: float) -> Measured:
+        def measure(rate: float, hold: bool = False) -> Measured:
             m, cost = rung_for(row["rungs"], rate, self.plan)
             costs.append(cost)
-            return replace(m, rate_req_s=rate)  # served as asked: the search and the scoring key steps by rate
+            # served as asked: the search and the scoring key steps by rate. A claim a look passed early
+            # is confirmed by serving it whole (``hold``); the table holds one serving of each rung, judged
+            # over its looks' window, and that serving stands in for the confirmation.
+            return replace(m, rate_req_s=rate, held=m.held or hold)
 
         outcome = search_capacity(measure, self.plan, incumbents, prune)
         outcome.search_s = sum(costs)

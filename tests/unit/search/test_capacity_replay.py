@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import optuna
@@ -124,3 +124,14 @@ def test_the_first_capacity_table_replays_with_the_context_it_served() -> None:
     served = next(p for p in table["points"].values() if not p["failure"])
     argv = served["argv"]
     assert _table.capacity_space(table).static.max_model_len == int(argv[argv.index("--max-model-len") + 1])
+
+
+def test_a_claim_a_look_passed_early_is_confirmed_from_its_recorded_rung() -> None:
+    """A table whose rungs a look stopped (``held`` False): the search confirms its claim by asking
+    for the rate served whole, and the replay answers with the recorded rung."""
+    rungs = {r: replace(m, held=False, window_s=(0.0, m.duration_s)) for r, m in _ladder(1.6).items()}
+    runner = _table.CapacityTableRunner({_table.key({}): {**_point(1.6), "rungs": rungs}}, PLAN)
+    result = runner(0, Config("vllm", {}, is_default=True), _ctx(), incumbents={}, prune=False)
+    assert result.failure is None and result.pruned is None
+    truth = _table.ladder_capacity(rungs, PLAN, "interactive")
+    assert abs(result.metrics["capacity_req_s"] - truth) / truth <= PLAN.resolution + 1e-9
