@@ -197,16 +197,29 @@ def load_capacity(path: Path = CAPACITY_TABLE) -> dict[str, Any]:
     table = read_table(path)
     points = {}
     for row in table["points"].values():
-        points[key(row["params"])] = {**row, "rungs": _rungs(row)}
+        points[key(row["params"])] = {**row, "rungs": rungs_of(row)}
     table["points"] = points
     # a config served again (measure_capacity_grid --repeat), keyed as its point
-    table["repeats"] = {key(rows[0]["params"]): [{**row, "rungs": _rungs(row)} for row in rows]
+    table["repeats"] = {key(rows[0]["params"]): [{**row, "rungs": rungs_of(row)} for row in rows]
                         for rows in table.get("repeats", {}).values() if rows}  # fmt: skip
     return table
 
 
-def _rungs(row: dict[str, Any]) -> dict[int, Measured]:
+def rungs_of(row: dict[str, Any]) -> dict[int, Measured]:
+    """A stored row's rungs as steps, in rung order."""
     return dict(sorted((int(r), Measured(**m)) for r, m in row.get("rungs", {}).items()))
+
+
+def served_when(table: dict[str, Any]) -> dict[str, Any]:
+    """When and from which commit a capacity table's configs were served (repeats and extended
+    ladders included), and the machine's 1-minute load before each boot."""
+    rows = list(table["points"].values()) + [r for rs in table.get("repeats", {}).values() for r in rs]
+    booted = rows + [e for r in rows for e in r.get("extensions", []) if "load_avg_1m_before" in e]
+    stamps = sorted([r["measured_at"] for r in rows] + [e["at"] for r in rows for e in r.get("extensions", [])])
+    loads = [r["load_avg_1m_before"] for r in booted]
+    return {"first": stamps[0], "last": stamps[-1], "commit": (table["stamp"].get("commit") or "?")[:7],
+            "load_low": min(loads), "load_high": max(loads), "repeats": len(table.get("repeats", {})),
+            "extended": sum(bool(r.get("extensions")) for r in rows)}  # fmt: skip
 
 
 def capacity_space(table: dict[str, Any]) -> Space:

@@ -79,17 +79,6 @@ def shapes_and_blocks() -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
     return shapes, {str(i): tuple(r["blocks"]) for i, r in enumerate(requests)}
 
 
-def measured_when(table: dict[str, Any]) -> dict[str, Any]:
-    """When and on which commit the table's configs were served, and the machine's load before each."""
-    rows = list(table["points"].values()) + [r for rs in table.get("repeats", {}).values() for r in rs]
-    served = rows + [e for r in rows for e in r.get("extensions", []) if "load_avg_1m_before" in e]
-    stamps = sorted([r["measured_at"] for r in rows] + [e["at"] for r in rows for e in r.get("extensions", [])])
-    loads = [r["load_avg_1m_before"] for r in served]
-    return {"first": stamps[0], "last": stamps[-1], "commit": (table["stamp"].get("commit") or "?")[:7],
-            "load_low": min(loads), "load_high": max(loads), "repeats": len(table.get("repeats", {})),
-            "extended": sum(bool(r.get("extensions")) for r in rows)}  # fmt: skip
-
-
 def heavy_shapes_and_blocks(table: dict[str, Any]) -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
     """The heavy table's workload as ``tuner search`` builds it for the sampler (``context_of``): the
     shapes of its requests, and the blocks of every request its steps sent (the workload grown to them)."""
@@ -434,7 +423,7 @@ def predict_table(table: dict[str, Any], shapes: list[Shape], blocks: dict[str, 
     again = {k: {t: _table.ladder_capacity(rows[0]["rungs"], plan, t) for t in TIERS}
              for k, rows in table.get("repeats", {}).items() if rows and not rows[0]["failure"]}  # fmt: skip
     prediction = leave_one_out(served_of(table, blocks), truth, plan, device_of(table), shapes, brackets, again)
-    prediction["measured"] = measured_when(table)
+    prediction["measured"] = _table.served_when(table)
     return prediction
 
 

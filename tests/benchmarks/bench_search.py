@@ -445,10 +445,9 @@ def run_capacity(path: Path, seeds: int, names: list[str]) -> dict[str, Any]:
             variant = "" if with_default else ", default left out"
             print(f"capacity {label}{variant}: median {done['median_trials']} trials, "
                   f"{done['median_machine_s']:.0f} machine s ({time.time() - began:.0f} s)", flush=True)  # fmt: skip
-    stamps = sorted(p["measured_at"] for p in table["points"].values())
-    loads = [p["load_avg_1m_before"] for p in table["points"].values()]
-    measured = (f"{stamps[0]} to {stamps[-1]}, 1-minute load average {min(loads):.1f}-{max(loads):.1f} before each, "
-                f"on {(table['stamp'].get('commit') or '?')[:7]}")  # fmt: skip
+    w = _table.served_when(table)
+    measured = (f"{w['first']} to {w['last']}, 1-minute load average {w['load_low']:.1f}-{w['load_high']:.1f} "
+                f"before each, on {w['commit']}")  # fmt: skip
     plan_attrs = {"tiers": {k: dict(v) for k, v in plan.tiers.items()}, "target": plan.target,
                   "resolution": plan.resolution}  # fmt: skip
     return {"truth": truth, "results": results, "without_default": without_default, "plan": plan_attrs,

@@ -39,7 +39,7 @@ import httpx
 import optuna
 
 from tests.benchmarks import _report
-from tests.benchmarks._table import CAPACITY_GRIDS, grid_offers, read_table, write_table
+from tests.benchmarks._table import CAPACITY_GRIDS, grid_offers, read_table, rungs_of, write_table
 from tests.benchmarks.measure_grid import _memory_lines
 from tuner.engines.base import Config
 from tuner.errors import EngineLaunchError
@@ -199,7 +199,7 @@ def _extend(out: Path, data: dict[str, Any], space: Space, offers: dict[str, Off
     for point, row in rows:
         if row["failure"] or not row["rungs"]:
             continue
-        rungs = {int(r): Measured(**m) for r, m in row["rungs"].items()}
+        rungs = rungs_of(row)
         top = max(rungs)
         trailing = 0
         for r in sorted(rungs, reverse=True):
