@@ -46,11 +46,10 @@ from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.memory import parse_facts
 from tuner.search.model.history import Served, Shape
 from tuner.search.model.predict import EngineModel
-from tuner.search.model.sampler import ModelContext, ModelSampler
+from tuner.search.model.sampler import ModelContext, ModelSampler, numbered_blocks
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import resolve_workload
 from tuner.workloads.base import load_tokenizer
-from tuner.workloads.inspection import prompt_blocks
 
 PREFIXES = _table.CAPACITY_TABLE.parent / "capacity_grid_prefixes.json"
 WITHIN = 0.20  # the goal: predicted within 20 % of the measured ladder
@@ -91,10 +90,7 @@ def heavy_shapes_and_blocks(table: dict[str, Any]) -> tuple[list[Shape], dict[st
     requests = workload.requests
     while workload.grow is not None and not sent <= {r.request_id for r in requests}:
         requests = workload.grow(2 * len(requests))
-    tokenizer = load_tokenizer(Path(model.path))
-    numbered: dict[bytes, int] = {}
-    blocks = {r.request_id: tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
-              for r in requests}  # fmt: skip
+    blocks = numbered_blocks(requests, load_tokenizer(Path(model.path)))
     return [Shape(r.prompt_tokens, r.max_tokens, blocks[r.request_id]) for r in workload.requests], blocks
 
 

@@ -32,6 +32,7 @@ from typing import Any, cast
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from tokenizers import Tokenizer
 
 from tuner.engines.base import Config, Device, EngineAdapter, ModelSpec
 from tuner.errors import ConfigError, WorkloadError
@@ -47,7 +48,7 @@ from tuner.search.space import Space, distributions, suggest
 from tuner.search.speculation import Offer
 from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, predicted_claim, trial_attrs
 from tuner.study.feasible import feasible_trials
-from tuner.workloads.base import load_tokenizer
+from tuner.workloads.base import Request, load_tokenizer
 from tuner.workloads.inspection import prompt_blocks
 
 CANDIDATES = 256  # configs scored per trial: a discrete space up to this size is scored whole
@@ -306,18 +307,21 @@ def context_of(space: Space, ctx: TrialContext, offers: Mapping[str, Offer]) -> 
         raise ConfigError("--sampler model predicts capacity: use --objective capacity or capacity-pareto")
     requests = ctx.workload.requests
     try:
-        tokenizer = load_tokenizer(Path(ctx.model.path))
+        blocks = numbered_blocks(requests, load_tokenizer(Path(ctx.model.path)))
     except WorkloadError:
-        tokenizer = None
-    numbered: dict[bytes, int] = {}
-    blocks: dict[str, tuple[int, ...]] = {}
-    if tokenizer is not None:
-        for r in requests:
-            blocks[r.request_id] = tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
+        blocks = {}
     shapes = [Shape(r.prompt_tokens, r.max_tokens, blocks.get(r.request_id)) for r in requests]
     adapters = {name: adapter for name, (adapter, _) in ctx.engines.items()}
     versions = {name: env.version for name, (_, env) in ctx.engines.items()}
     return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, shapes, blocks, versions)
+
+
+def numbered_blocks(requests: Sequence[Request], tokenizer: Tokenizer) -> dict[str, tuple[int, ...]]:
+    """Each request's prompt as chained block keys, numbered in order of first appearance (equal
+    numbers, equal prefixes): the prefix structure the simulator's cache reads, by request id."""
+    numbered: dict[bytes, int] = {}
+    return {r.request_id: tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
+            for r in requests}  # fmt: skip
 
 
 def served_trials(study: optuna.Study, blocks: Mapping[str, tuple[int, ...]]) -> list[Served]:
