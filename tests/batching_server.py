@@ -57,19 +57,3 @@ def batched_rows(
                              "output_tokens": r["output_tokens"], "prompt_tokens": 100, "error": None})  # fmt: skip
         running = [r for r in running if r["left"] > 0]
     return sorted(rows, key=lambda r: r["sent_s"])
-
-
-def seen_at(rows: list[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
-    """What a step's monitor knows at ``now_s``: the requests sent by then, those not ended without
-    their end (and without their first token if it had not come). A row may be one still running when
-    its step ended (no ``done_s``, maybe no ``first_s``), as a drive records it."""
-    seen = []
-    for r in rows:
-        if r["sent_s"] > now_s:
-            continue
-        if r["done_s"] is not None and r["done_s"] <= now_s:
-            seen.append(r)
-        else:
-            first = r["first_s"] if r["first_s"] is not None and r["first_s"] <= now_s else None
-            seen.append({**r, "done_s": None, "first_s": first})
-    return seen

@@ -11,7 +11,7 @@ requests whose outcome it knew, answers then living about 10 s. This replays bot
 arrivals delays every first token at once (misses come in bursts, over a broad band of rates below
 the knee, as the H200's TTFT misses did). Each search is ``tuner.measure.rate_steps.search_capacity``
 with the GPU's step plan; each step is served offline by the simulated server and watched by
-``measure_step``'s own ``StepWatch`` (the monitor's cuts and the step's looks) every ``TICK_S``. The
+``measure_step``'s own rules (``watch_offline``: the monitor's cuts and the step's looks) every ``TICK_S``. The
 searches run under the current rules and under those they replaced (a claim a look passed early
 stood without being served whole; the saturation cut judged at
 every tick of the monitor; a look decided on however few outcomes it knew; an undecided step was a
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from tests.batching_server import TOKENS, batched_rows, seen_at
+from tests.batching_server import TOKENS, batched_rows
 from tests.benchmarks import _report
 from tests.benchmarks._previous_rules import AnySamplePlan, EveryTickPlan, PreviousPlan, saturation_parts
 from tuner.measure.capacity import outcomes_in
-from tuner.measure.rate_steps import CapacityPlan, Measured, StepWatch, search_capacity
+from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity, watch_offline
 
 NAME = "known_search"
 MD_PATH, JSON_PATH = _report.ROOT / "reports" / "capacity.md", _report.ROOT / "reports" / "capacity.json"
@@ -76,19 +76,9 @@ SERVERS = (
 
 
 def simulate_step(server: Server, rate: float, plan: CapacityPlan, seed: int, hold: bool = False) -> Measured:
-    """One step at ``rate`` on the simulated server, watched and ended by ``measure_step``'s own watch."""
-    schedule_s = plan.step_limit * plan.look_s(rate)
-    rows = server.served(rate, schedule_s, seed)
-    watch = StepWatch(plan, rate, schedule_s, TOKENS[1], hold)  # the server's longest answer
-    last_end = max(float(r["done_s"]) for r in rows)
-    reason, now = None, TICK_S
-    while now <= min(watch.deadline_s, last_end):
-        reason = watch(seen_at(rows, now), now)
-        if reason is not None:
-            break
-        now += TICK_S
-    duration = now if reason is not None else min(watch.deadline_s, last_end)
-    return watch.ended(seen_at(rows, duration), [], duration, reason)
+    """One step at ``rate`` on the simulated server, watched and ended by ``measure_step``'s own rules."""
+    rows = server.served(rate, plan.step_limit * plan.look_s(rate), seed)
+    return watch_offline(plan, rate, rows, hold=hold, tick_s=TICK_S, longest=TOKENS[1])  # the server's longest answer
 
 
 def one_search(server: Server, plan: CapacityPlan, seed: int, confirm: bool = True) -> dict[str, Any]:

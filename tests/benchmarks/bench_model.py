@@ -31,6 +31,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,9 @@ from tuner.engines.base import Device
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.memory import parse_facts
-from tuner.search.model.history import Served, Shape
+from tuner.search.model.history import Served, Shape, StudyRequests
 from tuner.search.model.predict import EngineModel
-from tuner.search.model.sampler import ModelContext, ModelSampler, numbered_blocks
+from tuner.search.model.sampler import ModelContext, ModelSampler
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import resolve_workload
 from tuner.workloads.base import load_tokenizer
@@ -72,26 +73,24 @@ def with_ids(table: dict[str, Any], n_requests: int) -> dict[str, Any]:
     return {**table, "points": points}
 
 
-def shapes_and_blocks() -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
+def light_requests() -> StudyRequests:
+    """The first table's requests, rebuilt from the prefixes file: a fixed set, sent again in order."""
     requests = json.loads(PREFIXES.read_text())["requests"]
     shapes = [Shape(r["prompt_tokens"], r["max_tokens"], tuple(r["blocks"])) for r in requests]
-    return shapes, {str(i): tuple(r["blocks"]) for i, r in enumerate(requests)}
+    return StudyRequests(shapes, {str(i): tuple(r["blocks"]) for i, r in enumerate(requests)})
 
 
-def heavy_shapes_and_blocks(table: dict[str, Any]) -> tuple[list[Shape], dict[str, tuple[int, ...]]]:
-    """The heavy table's workload as ``tuner search`` builds it for the sampler (``context_of``): the
-    shapes of its requests, and the blocks of every request its steps sent (the workload grown to them)."""
+def heavy_requests(table: dict[str, Any]) -> StudyRequests:
+    """The heavy table's workload as ``tuner search`` builds it for the sampler (``context_of``),
+    grown to every request its steps sent, and on as a prediction needs."""
     model = _table.models(table)
     opts = SearchOptions(workload=table["workload"]["name"], objective="capacity")
     workload = resolve_workload(opts, model)
     if workload.digest() != table["workload"]["digest"]:
         raise SystemExit("bench_model: the rag preset is not the one the heavy table served (its digest differs)")
-    sent = {str(r["request_id"]) for p in table["points"].values() for m in p["rungs"].values() for r in m.rows}
-    requests = workload.requests
-    while workload.grow is not None and not sent <= {r.request_id for r in requests}:
-        requests = workload.grow(2 * len(requests))
-    blocks = numbered_blocks(requests, load_tokenizer(Path(model.path)))
-    return [Shape(r.prompt_tokens, r.max_tokens, blocks[r.request_id]) for r in workload.requests], blocks
+    requests = StudyRequests.of_workload(workload.requests, workload.grow, load_tokenizer(Path(model.path)))
+    requests.cover(str(r["request_id"]) for p in table["points"].values() for m in p["rungs"].values() for r in m.rows)
+    return requests
 
 
 def device_of(table: dict[str, Any]) -> Device:
@@ -99,7 +98,7 @@ def device_of(table: dict[str, Any]) -> Device:
     return Device(d["kind"], d["name"], d["memory_bytes"])
 
 
-def served_of(table: dict[str, Any], blocks: dict[str, tuple[int, ...]]) -> dict[str, Served]:
+def served_of(table: dict[str, Any], blocks: Mapping[str, tuple[int, ...]]) -> dict[str, Served]:
     out = {}
     for k, p in table["points"].items():
         if p["failure"]:
@@ -110,7 +109,7 @@ def served_of(table: dict[str, Any], blocks: dict[str, tuple[int, ...]]) -> dict
     return out
 
 
-def _blocked(m: Measured, blocks: dict[str, tuple[int, ...]]) -> Measured:
+def _blocked(m: Measured, blocks: Mapping[str, tuple[int, ...]]) -> Measured:
     return replace(m, rows=[{**r, "blocks": blocks.get(str(r["request_id"]))} for r in m.rows])
 
 
@@ -136,16 +135,18 @@ def in_bracket(predicted: float, bracket: tuple[float, float]) -> bool:
 
 
 def leave_one_out(served: dict[str, Served], truth: dict[str, dict[str, float]], plan: CapacityPlan,
-                  device: Device, shapes: list[Shape], brackets: dict[str, dict[str, tuple[float, float]]],
+                  device: Device, requests: StudyRequests, brackets: dict[str, dict[str, tuple[float, float]]],
                   again: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:  # fmt: skip
     adapters = {"vllm": VllmAdapter()}
     began = time.time()
-    full = EngineModel.fit(list(served.values()), adapters, device, plan, shapes)
+    # the table's truth is a ladder: a rung a look passed early stands, as it was not served whole
+    full = EngineModel.fit(list(served.values()), adapters, device, plan, requests, hold=False)
     fit_s = time.time() - began
     rows: list[dict[str, Any]] = []
     for k, s in served.items():
         began = time.time()
-        model = EngineModel.fit([o for kk, o in served.items() if kk != k], adapters, device, plan, shapes, full.fits)
+        model = EngineModel.fit([o for kk, o in served.items() if kk != k], adapters, device, plan, requests, full.fits,
+                                hold=False)  # fmt: skip
         predicted = model.predict("vllm", s.params, s.kv_tokens)
         rows.append({"config": k, "seconds": round(time.time() - began, 1),
                      **{f"{t}_predicted": predicted[t].capacity_req_s for t in TIERS},
@@ -191,13 +192,12 @@ def diagnose(served: dict[str, Served], truth: dict[str, dict[str, float]], full
     }  # fmt: skip
 
 
-def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, shapes: list[Shape],
-           blocks: dict[str, tuple[int, ...]]) -> dict[str, Any]:  # fmt: skip
+def search(table: dict[str, Any], plan: CapacityPlan, seeds: int, requests: StudyRequests) -> dict[str, Any]:
     truth = bench_search.capacity_truth(table, plan)
     space = _table.capacity_space(table)
     models = _table.models(table)
     context = ModelContext(space, {"vllm": VllmAdapter()}, _table.grid_offers(space, models), models,
-                           device_of(table), plan, shapes, blocks)  # fmt: skip
+                           device_of(table), plan, requests)  # fmt: skip
 
     def bound(seed: int) -> optuna.samplers.BaseSampler:
         sampler = ModelSampler(seed)
@@ -389,10 +389,10 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = _table.load_capacity(_table.CAPACITY_GRIDS[args.grid][0])
     if args.grid == "light":
-        shapes, blocks = shapes_and_blocks()
-        table = with_ids(table, len(shapes))
+        requests = light_requests()
+        table = with_ids(table, len(requests))
     else:
-        shapes, blocks = heavy_shapes_and_blocks(table)
+        requests = heavy_requests(table)
     if args.search_only:
         stored = json.loads(JSON_PATH.read_text()).get(name) if JSON_PATH.exists() else None
         if not stored or not stored.get("prediction"):
@@ -400,9 +400,9 @@ def main() -> None:
         # the prediction keeps the stamp of the run that made it
         prediction = {"stamp": stored["stamp"], **stored["prediction"]}
     else:
-        prediction = predict_table(table, shapes, blocks)
+        prediction = predict_table(table, requests)
     searched = {} if args.skip_search else search(table, _table.plan_of(table, ("interactive",)), args.seeds,
-                                                  shapes, blocks)  # fmt: skip
+                                                  requests)  # fmt: skip
     data = {"stamp": started, "seeds": args.seeds, "grid": args.grid, "table": _table.CAPACITY_GRIDS[args.grid][1].name,
             "prediction": prediction, "search": searched}  # fmt: skip
     text = render(data)
@@ -410,7 +410,7 @@ def main() -> None:
     print(text)
 
 
-def predict_table(table: dict[str, Any], shapes: list[Shape], blocks: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def predict_table(table: dict[str, Any], requests: StudyRequests) -> dict[str, Any]:
     """Leave one config out over the table's served configs, with the truth's noise beside it."""
     plan = _table.plan_of(table, TIERS)
     brackets = {k: {t: _table.ladder_bracket(p["rungs"], plan, t) for t in TIERS}
@@ -418,7 +418,8 @@ def predict_table(table: dict[str, Any], shapes: list[Shape], blocks: dict[str, 
     truth = {k: {t: bracket[0] for t, bracket in tiers.items()} for k, tiers in brackets.items()}  # the answers
     again = {k: {t: _table.ladder_capacity(rows[0]["rungs"], plan, t) for t in TIERS}
              for k, rows in table.get("repeats", {}).items() if rows and not rows[0]["failure"]}  # fmt: skip
-    prediction = leave_one_out(served_of(table, blocks), truth, plan, device_of(table), shapes, brackets, again)
+    prediction = leave_one_out(served_of(table, requests.blocks), truth, plan, device_of(table), requests, brackets,
+                               again)  # fmt: skip
     prediction["measured"] = _table.served_when(table)
     return prediction
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from tests.batching_server import batched_rows, carried, seen_at
+from tests.batching_server import batched_rows, carried
 from tests.benchmarks import _report
 from tests.benchmarks._previous_rules import saturation_parts
 from tuner.measure.capacity import MIN_WATCH_S, SATURATION_SAMPLES, _end_s, growing, saturated, saturation_due
-from tuner.measure.rate_steps import MONITOR_EVERY_S, CapacityPlan
+from tuner.measure.rate_steps import MONITOR_EVERY_S, CapacityPlan, seen_at
 
 NAME = "saturation"
 MD_PATH, JSON_PATH = _report.ROOT / "reports" / "capacity.md", _report.ROOT / "reports" / "capacity.json"

@@ -83,14 +83,14 @@ def _range(c: float | None, low: float | None, high: float | None) -> str:
 
 
 def replay(seed: int) -> str:
-    shapes, blocks = bench_model.shapes_and_blocks()
-    table = bench_model.with_ids(_table.load_capacity(), len(shapes))
+    requests = bench_model.light_requests()
+    table = bench_model.with_ids(_table.load_capacity(), len(requests))
     plan = _table.plan_of(table, (TIER,))
     truth = bench_search.capacity_truth(table, plan)
     space = _table.capacity_space(table)
     models = _table.models(table)
     context = ModelContext(space, {"vllm": VllmAdapter()}, _table.grid_offers(space, models), models,
-                           bench_model.device_of(table), plan, shapes, blocks)  # fmt: skip
+                           bench_model.device_of(table), plan, requests)  # fmt: skip
     made: list[TracingSampler] = []
 
     def bound(s: int) -> optuna.samplers.BaseSampler:

@@ -23,6 +23,7 @@ so the tiers share them.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -371,6 +372,54 @@ class StepWatch:
             cut_reason=None if decided else reason, window_s=window, looks=self.looks.taken + (not decided),
             queue_growing=self.looks.queue_growing(judged_until), replayed=replayed, held=not decided,
         )  # fmt: skip
+
+
+def seen_at(rows: Sequence[dict[str, Any]], now_s: float) -> list[dict[str, Any]]:
+    """What a step's monitor knows at ``now_s`` of rows whose times are all known (a simulated step):
+    the requests sent by then, those not ended without their end (and without their first token if it
+    had not come). A row may be one still running when its step ended (no ``done_s``, maybe no
+    ``first_s``), as a drive records it."""
+    seen = []
+    for r in rows:
+        if float(r["sent_s"]) > now_s:
+            continue
+        if r.get("done_s") is not None and float(r["done_s"]) <= now_s:
+            seen.append(r)
+        else:
+            first = r.get("first_s")
+            heard = first is not None and float(first) <= now_s
+            seen.append({**r, "done_s": None, "first_s": first if heard else None})
+    return seen
+
+
+def watch_offline(
+    plan: CapacityPlan, rate: float, rows: Sequence[dict[str, Any]], waiting: Sequence[tuple[float, float]] = (),
+    hold: bool = False, tick_s: float = MONITOR_EVERY_S, longest: int | None = None,
+) -> Measured:  # fmt: skip
+    """A step whose requests' times are all known already (served by a simulator), watched and ended
+    as ``measure_step`` watches a served one: the monitor's cuts and the looks every ``tick_s``, the
+    waiting queue (``waiting``: (time, count) at each change) sampled every ``QUEUE_EVERY_S``, and
+    requests still running at the drain's deadline left as misses. So a simulated step is judged by
+    the very rules of a real one (``judge_served``). ``longest``: the longest answer the step could
+    ask for (default: the longest of ``rows``), which bounds its drain."""
+    schedule_s = max((float(r["sent_s"]) for r in rows), default=0.0)
+    if longest is None:
+        longest = max((int(r.get("output_tokens") or 1) for r in rows), default=1)
+    watch = StepWatch(plan, rate, schedule_s, longest, hold)
+    changes = [t for t, _ in waiting]
+    last_end = max([float(r["done_s"]) for r in rows if r.get("done_s") is not None] + [schedule_s])
+    reason, now, sampled = None, tick_s, -math.inf
+    while now <= min(watch.deadline_s, last_end):
+        if changes and now - sampled >= QUEUE_EVERY_S:
+            sampled = now
+            at = bisect.bisect_right(changes, now) - 1
+            watch.queue.append((now, float(waiting[at][1]) if at >= 0 else 0.0))
+        reason = watch(seen_at(rows, now), now)
+        if reason is not None:
+            break
+        now += tick_s
+    duration = now if reason is not None else min(watch.deadline_s, last_end)
+    return watch.ended(seen_at(rows, duration), [], duration, reason)
 
 
 def measure_step(

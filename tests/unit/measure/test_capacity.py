@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.batching_server import batched_rows, seen_at
+from tests.batching_server import batched_rows
 from tuner.errors import ConfigError
 from tuner.measure.capacity import (
     MIN_WATCH_S,
@@ -30,6 +30,7 @@ from tuner.measure.capacity import (
     steady_rows,
     summarize_step,
 )
+from tuner.measure.rate_steps import seen_at
 from tuner.study.attrs import step_at_capacity
 
 LADDERS = Path(__file__).resolve().parents[2] / "data" / "captures" / "vllm-0.26-h200" / "capacity-ladders.json"

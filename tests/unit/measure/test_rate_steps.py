@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from tests.batching_server import seen_at
 from tuner.errors import WorkloadError
 from tuner.measure import rate_steps
 from tuner.measure.capacity import (
@@ -28,7 +27,7 @@ from tuner.measure.capacity import (
     saturation_due,
     summarize_step,
 )
-from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity, step_requests
+from tuner.measure.rate_steps import CapacityPlan, Measured, judge_served, search_capacity, seen_at, step_requests
 from tuner.measure.supply import RequestSupply
 from tuner.search.resolve import GPU_STEPS
 from tuner.workloads import build_workload
@@ -464,3 +463,21 @@ def test_a_step_a_look_stopped_is_judged_over_the_look_s_window_not_the_steady_o
     assert not steady.passed and steady.attainment < plan.target, "unfinished requests count as misses there"
     cut = rate_steps.judge_served(replace(stopped, aborted=True, cut_reason="saturated"), slo, plan)
     assert not cut.passed and cut.cut_reason == "saturated" and cut.cut_s == 6.0
+
+
+def test_a_simulated_step_is_watched_by_a_real_step_s_looks_and_its_waiting_queue() -> None:
+    """``watch_offline``: a step whose every time is known stops at the look that passes it, unless the
+    waiting queue it reports keeps growing (then it serves on and fails), or it is held whole."""
+    plan = _plan(tiers={"interactive": RELAXED}, min_step_s=6.0, min_requests=12, step_limit=2)
+    # 10 req/s for 12 s, every answer quick and on time: the latencies alone pass it at the first look
+    rows = [{"sent_s": i * 0.1, "first_s": i * 0.1 + 0.05, "done_s": i * 0.1 + 0.15, "output_tokens": 8, "error": None}
+            for i in range(120)]  # fmt: skip
+    early = rate_steps.watch_offline(plan, 10.0, rows)
+    assert not early.held and early.duration_s == pytest.approx(plan.look_s(10.0), abs=0.5)
+    assert judge_served(early, RELAXED, plan).passed
+    # the same answers while the server's queue rises by 3 requests a second: no look passes it
+    rising = [(0.5 * i, 1.5 * i) for i in range(30)]
+    queued = rate_steps.watch_offline(plan, 10.0, rows, rising)
+    assert queued.held and queued.queue_growing and not judge_served(queued, RELAXED, plan).passed
+    held = rate_steps.watch_offline(plan, 10.0, rows, hold=True)
+    assert held.held and held.duration_s > 11.0 and judge_served(held, RELAXED, plan).passed

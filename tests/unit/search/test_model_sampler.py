@@ -18,6 +18,7 @@ from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import Measured, search_capacity
 from tuner.measure.trial import TrialContext, TrialResult, score_capacity
 from tuner.progress import Quiet
+from tuner.search.model.history import StudyRequests
 from tuner.search.model.predict import EngineModel
 from tuner.search.model.sampler import PREDICTED, ModelContext, ModelSampler
 from tuner.search.model.simulate import Limits
@@ -71,7 +72,7 @@ def test_from_its_second_trial_on_it_boots_what_the_engine_carries_best() -> Non
     p = SPACE.parameters
     offers = study_offers(p.methods(), p.named_drafts(), engines_at(ctx.engines), MODEL)[0]
     sampler = ModelSampler(seed=0)
-    sampler.bind(ModelContext(SPACE, {"vllm": VllmAdapter()}, offers, MODEL, CPU, INTERACTIVE, SHAPES, {}))
+    sampler.bind(ModelContext(SPACE, {"vllm": VllmAdapter()}, offers, MODEL, CPU, INTERACTIVE, StudyRequests(SHAPES)))
     study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
     enqueue_defaults(study, ["vllm"])
     objective = SearchObjective(study, SPACE, ctx, "capacity", runner=SyntheticEngine(truth))
@@ -100,7 +101,11 @@ def test_a_proposal_names_its_draft_a_tried_one_is_not_proposed_again_and_the_ta
     model = model_of()
     study_offers_ = offers(DRAFT_SPACE, ["vllm"], model)
     sampler = ModelSampler(seed=0)
-    sampler.bind(ModelContext(DRAFT_SPACE, {"vllm": VllmAdapter()}, study_offers_, model, CPU, INTERACTIVE, SHAPES, {}))
+    sampler.bind(
+        ModelContext(
+            DRAFT_SPACE, {"vllm": VllmAdapter()}, study_offers_, model, CPU, INTERACTIVE, StudyRequests(SHAPES)
+        )
+    )
     study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
     dists = distributions(DRAFT_SPACE, study_offers_)
     tried = {"engine": "vllm", "vllm.chunk_size": 2048, "vllm.spec_method": "draft_model",

@@ -6,12 +6,15 @@ start of its busy period + (summed iteration features) . costs + the request's o
 tokenising; one constant). The schedule itself depends on the costs (a request arriving mid-iteration
 waits for its end), so the fit is a fixed point: simulate every measured step under the current
 costs, solve the linear least squares for new costs (non-negative: no work makes an iteration
-faster), and repeat until the costs stop moving. Each equation is weighted by 1 / the latency the
-current costs simulate for it, so the fit is on relative error (a short TTFT counts as much as a long
-end-to-end time) without favouring the requests that happened to be fast: dividing by the measured
-latency instead gives a slow measurement less weight than a fast one, which pulls every cost down
-(reports/search.md, "Why the model over-predicted"). This is iteratively reweighted least squares
-for latencies whose spread grows with their size.
+faster), and repeat until the costs stop moving. Each equation is weighted by 1 / the geometric mean
+of the measured latency and the one the current costs simulate, so the fit is on relative error (a
+short TTFT counts as much as a long end-to-end time) and centred on the log scale. Either latency
+alone biases it: dividing by the measured one gives a slow measurement less weight than a fast one,
+which pulls every cost down (reports/search.md, "Why the model over-predicted"); dividing by the
+simulated one gives a slow simulation less weight, which pushes every cost up, by about the spread of
+the latencies' ratios (reports/search.md, "Why the model under-predicted"). With both, an error of a
+factor c up weighs as much as one of c down. This is iteratively reweighted least squares for
+latencies whose spread grows with their size.
 
 The target's costs are shared by every step of one engine; a draft model's two costs are fitted
 only from steps that ran it, so a draft never booted has none (``Fit.theta`` says so).
@@ -156,13 +159,15 @@ def _equations(
                 row[-1] = 1.0  # the request's own overhead
                 rows.append(row)
                 ys.append(measured - start)
-                # the model's own latency, not the measured one (see the module's docstring)
-                weights.append(1.0 / max(simulated + costs[-1] - work.arrival_s, MIN_LATENCY_S))
+                # both latencies, not either alone (see the module's docstring)
+                model_s = max(simulated + costs[-1] - work.arrival_s, MIN_LATENCY_S)
+                weights.append(1.0 / math.sqrt(model_s * max(measured - work.arrival_s, MIN_LATENCY_S)))
     return np.array(rows), np.array(ys), np.array(weights)
 
 
 def _residual(a: np.ndarray, y: np.ndarray, w: np.ndarray, costs: np.ndarray) -> float:
-    """RMS error of the token times the costs give, under the schedule they give, relative to them."""
+    """RMS error of the token times the costs give, under the schedule they give, relative to the
+    geometric mean of those and the measured ones."""
     return math.sqrt(float(np.mean(((a @ costs - y) * w) ** 2))) if len(y) else math.inf
 
 

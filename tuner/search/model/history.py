@@ -11,11 +11,12 @@ showed, and each request's prompt less the share its prefix-cache hits spared.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
+from tokenizers import Tokenizer
 
 from tuner.engines.base import Device, EngineAdapter
 from tuner.engines.speculation import proposer_of
@@ -23,6 +24,8 @@ from tuner.measure.rate_steps import ROW_FIELDS, Measured
 from tuner.search.model.fit import ObservedStep
 from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of
 from tuner.study.attrs import STRESS_CHECK_KIND, trial_attrs
+from tuner.workloads.base import Request
+from tuner.workloads.inspection import prompt_blocks
 
 MAX_STEPS_PER_TRIAL = 8  # a trial's steps the fit reads, spread over its rates: a fit stays seconds long
 
@@ -45,15 +48,17 @@ def measured_of(stored: Mapping[str, Any]) -> Measured:
                     dict(stored.get("server") or {}), aborted=bool(stored.get("aborted")))  # fmt: skip
 
 
-def served_of(trial: optuna.trial.FrozenTrial, blocks: Mapping[str, tuple[int, ...]]) -> Served | None:
+def served_of(trial: optuna.trial.FrozenTrial, blocks: Mapping[str, tuple[int, ...]] | StudyRequests) -> Served | None:
     """A study's trial as the model reads it, each request's prompt blocks looked up by its id in
-    ``blocks``; None when it served no step (screened, failed to boot, a twin of another, or recorded
-    by a tuner that did not store its steps)."""
+    ``blocks`` (the study's requests, grown to those its steps sent); None when it served no step
+    (screened, failed to boot, a twin of another, or recorded by a tuner that did not store its steps)."""
     a = trial_attrs(trial)
     if a.get("booted") is False or a.get("duplicate_of") is not None or a.get("config_kind") == STRESS_CHECK_KIND:
         return None
-    stored = (a.get("capacity") or {}).get("measured") or []
-    steps = tuple(_with_blocks(measured_of(s), blocks) for s in stored if isinstance(s, dict))
+    stored = [measured_of(s) for s in (a.get("capacity") or {}).get("measured") or [] if isinstance(s, dict)]
+    if isinstance(blocks, StudyRequests):
+        blocks = blocks.cover(_request_id(r) for m in stored for r in m.rows)
+    steps = tuple(_with_blocks(m, blocks) for m in stored)
     if not steps or "engine" not in a:
         return None
     kv = (a.get("memory_facts") or {}).get("kv_tokens")
@@ -63,8 +68,13 @@ def served_of(trial: optuna.trial.FrozenTrial, blocks: Mapping[str, tuple[int, .
 def _with_blocks(step: Measured, blocks: Mapping[str, tuple[int, ...]]) -> Measured:
     """The step with each row's prompt blocks, where its request is one the model knows (a trace's
     replay is the same request under a ``~lap`` suffix)."""
-    rows = [{**r, "blocks": blocks.get(str(r.get("request_id") or "").split("~")[0])} for r in step.rows]
+    rows = [{**r, "blocks": blocks.get(_request_id(r))} for r in step.rows]
     return replace(step, rows=rows)
+
+
+def _request_id(row: Mapping[str, Any]) -> str:
+    """The request a row sent (a trace's replay is the same request under a ``~lap`` suffix)."""
+    return str(row.get("request_id") or "").split("~")[0]
 
 
 def speculation(params: Mapping[str, Any], accept: float) -> Speculation | None:
@@ -170,3 +180,76 @@ class Shape:
     prompt_tokens: int
     output_tokens: int
     blocks: tuple[int, ...] | None = None
+
+
+class StudyRequests:
+    """The study's requests as the model reads them, in the order a capacity search sends them: each
+    one's shape (``first``) and its prompt's blocks by request id (``blocks``).
+
+    A preset's workload grows on demand through its own ``grow``, as a capacity search grows it
+    (``tuner.measure.supply``): a simulated step of more requests than the workload was built with
+    sends new prompts, as a real step does, with their own prefix structure. Without ``grow`` (a
+    trace, or requests known only by their rows) the requests are sent again in order. Block numbers
+    are assigned once, in order of first appearance, so equal numbers stay equal prefixes as it grows."""
+
+    def __init__(
+        self, shapes: Sequence[Shape], blocks: Mapping[str, tuple[int, ...]] | None = None,
+        grow: Callable[[int], Sequence[Request]] | None = None, tokenizer: Tokenizer | None = None,
+    ) -> None:  # fmt: skip
+        """Requests known by their shapes and blocks; ``of_workload`` reads a workload's own."""
+        self._shapes = list(shapes)
+        self._blocks = dict(blocks or {})
+        self._grow = grow
+        self._tokenizer = tokenizer
+        self._numbering: dict[bytes, int] = {}
+
+    @classmethod
+    def of_workload(
+        cls, requests: Sequence[Request], grow: Callable[[int], Sequence[Request]] | None, tokenizer: Tokenizer | None
+    ) -> StudyRequests:
+        """A workload's requests (``tokenizer``: the target's, to cut prompts into blocks; None where it
+        cannot be read: no blocks, the model then spreads each step's measured prefix hits)."""
+        study = cls([], grow=grow, tokenizer=tokenizer)
+        study._read(requests)
+        return study
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    @property
+    def blocks(self) -> Mapping[str, tuple[int, ...]]:
+        return self._blocks
+
+    def first(self, n: int) -> list[Shape]:
+        """The first ``n`` requests' shapes, the workload grown to them where it grows (fewer where not)."""
+        while n > len(self._shapes) and self._more(n):
+            pass
+        return self._shapes[:n]
+
+    def cover(self, request_ids: Iterable[str]) -> Mapping[str, tuple[int, ...]]:
+        """The blocks of every request in ``request_ids`` the workload holds or grows to (a served
+        step sent requests the search grew beyond the workload's first ones)."""
+        missing = {str(i) for i in request_ids} - self._blocks.keys()
+        while missing and self._more(2 * max(len(self._shapes), 1)):
+            missing -= self._blocks.keys()
+        return self._blocks
+
+    def _more(self, n: int) -> bool:
+        """Grow the workload to at least ``n`` requests (twice as many at least); False where it cannot."""
+        if self._grow is None:
+            return False
+        grown = self._grow(max(n, 2 * len(self._shapes)))
+        if len(grown) <= len(self._shapes):
+            self._grow = None  # a trace read to its end
+            return False
+        self._read(grown[len(self._shapes) :])
+        return True
+
+    def _read(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            blocks = None
+            if self._tokenizer is not None:
+                keys = prompt_blocks(r, self._tokenizer)
+                blocks = tuple(self._numbering.setdefault(k, len(self._numbering)) for k in keys)
+                self._blocks[r.request_id] = blocks
+            self._shapes.append(Shape(r.prompt_tokens, r.max_tokens, blocks))

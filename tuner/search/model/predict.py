@@ -5,8 +5,12 @@ the acceptance, the workload's prefix-cache hit rate). To predict a config it se
 as a capacity trial would (``tuner.measure.rate_steps``: the plan's request count at a rate, released
 at the plan's seeded arrivals, the study's requests in order) through the simulated scheduler of that
 config (its token budget and sequence limit from the adapter, its KV pool from the memory screen,
-its speculation at the draft's acceptance), judges each step as a real one
-(``tuner.measure.capacity.summarize_step``, every SLO tier) and bisects the rate where steps stop passing.
+its speculation at the draft's acceptance), watches and judges each step by the rules of a real one
+(``tuner.measure.rate_steps.watch_offline`` and ``judge_served``: its looks, the monitor's cuts, the
+waiting queue the simulator reports, every SLO tier) and bisects the rate where steps stop passing.
+A capacity search claims only a pass that held for a step's whole length (``hold``, as
+``CapacitySearch`` confirms a look's early pass); a fixed ladder of steps, as the benchmarks' tables
+were climbed, stops each step at the look that decided it (``hold=False``).
 
 What the study has not measured is a range, not a guess:
 
@@ -38,12 +42,13 @@ import numpy as np
 
 from tuner.engines.base import Device, EngineAdapter
 from tuner.engines.speculation import proposer_of
-from tuner.measure.capacity import FLOOR_DIVISOR, summarize_step
-from tuner.measure.rate_steps import CapacityPlan
+from tuner.measure.capacity import FLOOR_DIVISOR
+from tuner.measure.rate_steps import CapacityPlan, Measured, judge_served, watch_offline
 from tuner.search.model.fit import Fit, fit_costs
 from tuner.search.model.history import (
     Served,
     Shape,
+    StudyRequests,
     draft_acceptance,
     hit_rate,
     limits_of,
@@ -61,6 +66,7 @@ MIN_RECORD = 3
 RANGE_POINTS = 9  # points a range is averaged over in the expected improvement
 UNKNOWN_ACCEPTANCE = (0.0, 1.0)
 NO_ACCEPTANCE = 0.0  # the acceptance a fit assumes for a step whose counters and draft say nothing
+TICK_S = 0.5  # how often a simulated step's monitor looks: coarser than a real one's, for speed
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ class EngineModel:
     adapters: Mapping[str, EngineAdapter]
     device: Device
     plan: CapacityPlan
-    shapes: Sequence[Shape]
+    shapes: StudyRequests
     fits: dict[str, Fit]
     acceptance: dict[str, dict[str, float]]
     hit: float
@@ -95,13 +101,18 @@ class EngineModel:
     # per draft, its acceptance over every engine that ran it: a fact of target, draft and workload, so
     # an engine that never ran the draft starts from it (its drafting costs stay unknown)
     shared_acceptance: dict[str, float] = field(default_factory=dict)
+    # a predicted capacity is a pass that held for a step's whole length, as a capacity search claims
+    # one; False: a pass a look decided early stands, as on a fixed ladder of steps
+    hold: bool = True
 
     @classmethod
     def fit(
         cls, served: Sequence[Served], adapters: Mapping[str, EngineAdapter], device: Device, plan: CapacityPlan,
-        shapes: Sequence[Shape], start: Mapping[str, Fit] | None = None,
+        shapes: Sequence[Shape] | StudyRequests, start: Mapping[str, Fit] | None = None, hold: bool = True,
     ) -> EngineModel:  # fmt: skip
-        """Fit every engine ``served`` holds (``start``: an earlier model's fits, to start from)."""
+        """Fit every engine ``served`` holds (``start``: an earlier model's fits, to start from;
+        ``shapes``: the study's requests, or their shapes alone, sent again in order where a step
+        needs more)."""
         fits, acceptance, plain = {}, {}, {}
         for engine in sorted({s.engine for s in served}):
             mine = [s for s in served if s.engine == engine]
@@ -121,7 +132,8 @@ class EngineModel:
             for draft, value in per_draft.items():
                 pooled.setdefault(draft, []).append(value)
         shared = {draft: float(np.median(values)) for draft, values in pooled.items()}
-        return cls(adapters, device, plan, list(shapes), fits, acceptance, hit, len(served), plain, shared)
+        requests = shapes if isinstance(shapes, StudyRequests) else StudyRequests(shapes)
+        return cls(adapters, device, plan, requests, fits, acceptance, hit, len(served), plain, shared, hold)
 
     def predict(self, engine: str, params: Mapping[str, Any], kv_tokens: int | None) -> dict[str, Prediction]:
         """Every scored tier's predicted capacity for a config of ``engine`` with ``params`` and a KV
@@ -159,12 +171,12 @@ class EngineModel:
     def _capacities(
         self, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
     ) -> dict[str, float]:
-        cache: dict[float, list[dict[str, Any]]] = {}
+        cache: dict[float, Measured] = {}
 
-        def rows_at(rate: float) -> list[dict[str, Any]]:
+        def step_at(rate: float) -> Measured:
             key = round(rate, 9)
             if key not in cache:
-                cache[key] = self.step_rows(rate, limits, theta, spec, overhead_s)
+                cache[key] = self.serve_step(rate, limits, theta, spec, overhead_s)
             return cache[key]
 
         out = {}
@@ -172,28 +184,38 @@ class EngineModel:
             slo = self.plan.tiers[tier]
 
             def passes(rate: float, slo: Mapping[str, float] = slo) -> bool:
-                rows = rows_at(rate)
-                ends = [r["done_s"] for r in rows if r["done_s"] is not None] + [r["sent_s"] for r in rows]
-                step = summarize_step(rate, rows, slo, self.plan.target, max(ends), z=self.plan.z)
-                return step.passed
+                return judge_served(step_at(rate), slo, self.plan, rate).passed
 
             out[tier] = bisect_capacity(passes, self.plan.start_rate, self.plan.start_rate / FLOOR_DIVISOR)
         return out
 
-    def step_rows(
+    def serve_step(
         self, rate: float, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
-    ) -> list[dict[str, Any]]:
+    ) -> Measured:
+        """A simulated step at ``rate``, watched as a real one (``watch_offline``), held whole where ``hold``."""
+        waiting: list[tuple[float, int]] = []
+        rows = self.step_rows(rate, limits, theta, spec, overhead_s, waiting)
+        return watch_offline(self.plan, rate, rows, waiting, hold=self.hold, tick_s=TICK_S)
+
+    def step_rows(
+        self, rate: float, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float,
+        waiting: list[tuple[float, int]] | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
         """A simulated step at ``rate``: the plan's requests for it, as request rows a real step records.
-        A step longer than the workload's known requests sends them again, in order, for their
-        lengths; a real step's requests are distinct, and a prompt sent again would hit the simulated
-        prefix cache whole, so such a step spreads the measured hit rate instead of their blocks."""
+        Its requests are the study's first ones, the workload grown to them as a search grows it
+        (``StudyRequests``). Where it cannot grow, a step longer than the known requests sends them
+        again, in order, for their lengths; a real step's requests are distinct, and a prompt sent
+        again would hit the simulated prefix cache whole, so such a step spreads the measured hit rate
+        instead of their blocks.
+        ``waiting`` gets the simulated server's waiting queue (``simulate``'s ``waiting_trace``)."""
         n = math.ceil(rate * self.plan.look_s(rate) * self.plan.step_limit)
         times = release_times(n, Arrival(rate=rate, burstiness=self.plan.burstiness), self.plan.seed)
-        known = n <= len(self.shapes)
+        shapes = self.shapes.first(n)
+        known = len(shapes) == n
         rows = [{"sent_s": float(t or 0.0), "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
                  "blocks": shape.blocks if known else None, "error": None}
-                for t, shape in zip(times, islice(cycle(self.shapes), n), strict=True)]  # fmt: skip
-        lines = simulate(step_works(rows, self.hit), limits, theta, spec)
+                for t, shape in zip(times, islice(cycle(shapes), n), strict=True)]  # fmt: skip
+        lines = simulate(step_works(rows, self.hit), limits, theta, spec, waiting_trace=waiting)
         for row, line in zip(rows, lines, strict=True):
             row["first_s"] = None if line.first_s is None else line.first_s + overhead_s
             row["done_s"] = None if line.done_s is None else line.done_s + overhead_s

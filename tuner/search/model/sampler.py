@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,15 +41,14 @@ from tuner.measure.trial import TrialContext
 from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
-from tuner.search.model.history import Served, Shape, served_of, speculation
+from tuner.search.model.history import Served, StudyRequests, served_of, speculation
 from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
 from tuner.search.rejections import rejected_like
 from tuner.search.space import Space, distributions, suggest
 from tuner.search.speculation import Offer
 from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, predicted_claim, trial_attrs
 from tuner.study.feasible import feasible_trials
-from tuner.workloads.base import Request, load_tokenizer
-from tuner.workloads.inspection import prompt_blocks
+from tuner.workloads.base import load_tokenizer
 
 CANDIDATES = 256  # configs scored per trial: a discrete space up to this size is scored whole
 PREDICTED = "predicted"
@@ -59,7 +58,7 @@ PREDICTED = "predicted"
 class ModelContext:
     """What the sampler needs of the study beyond its trials: the space and the engines that run
     here, the drafts, the model and the device (for the memory screen), the capacity plan, and the
-    workload's requests in order with each one's prompt blocks by request id."""
+    workload's requests in order with each one's prompt blocks by request id (grown on demand)."""
 
     space: Space
     adapters: Mapping[str, EngineAdapter]
@@ -67,8 +66,7 @@ class ModelContext:
     model: ModelSpec
     device: Device
     plan: CapacityPlan
-    shapes: Sequence[Shape]
-    blocks: Mapping[str, tuple[int, ...]]
+    requests: StudyRequests
     versions: Mapping[str, str] = field(default_factory=dict)  # each engine's version (absent: refusals unchecked)
 
 
@@ -150,10 +148,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         assert c is not None
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
                                                         optuna.trial.TrialState.PRUNED))  # fmt: skip
-        served = [(t.number, s) for t in done if (s := served_of(t, c.blocks)) is not None]
+        served = [(t.number, s) for t in done if (s := served_of(t, c.requests)) is not None]
         key = tuple(n for n, _ in served)
         if self._cache is None or self._cache[0] != key:
-            model = EngineModel.fit([s for _, s in served], c.adapters, c.device, c.plan, c.shapes, self._fits)
+            model = EngineModel.fit([s for _, s in served], c.adapters, c.device, c.plan, c.requests, self._fits)
             self._fits = dict(model.fits)
             self._cache = (key, model)
         return self._cache[1]
@@ -300,31 +298,23 @@ def _record(study: optuna.Study, tier: str) -> list[tuple[float, float]]:
 
 
 def context_of(space: Space, ctx: TrialContext, offers: Mapping[str, Offer]) -> ModelContext:
-    """The sampler's context from a study's trial context: its workload's requests become the shapes
-    the model simulates, each prompt cut into blocks with the target's tokenizer (none where the
-    tokenizer cannot be read: the model then spreads each step's measured prefix hits instead)."""
+    """The sampler's context from a study's trial context: its workload's requests become the ones
+    the model simulates, grown as a capacity search grows them, each prompt cut into blocks with the
+    target's tokenizer (none where the tokenizer cannot be read: the model then spreads each step's
+    measured prefix hits instead)."""
     if ctx.capacity is None:
         raise ConfigError("--sampler model predicts capacity: use --objective capacity or capacity-pareto")
-    requests = ctx.workload.requests
     try:
-        blocks = numbered_blocks(requests, load_tokenizer(Path(ctx.model.path)))
+        tokenizer: Tokenizer | None = load_tokenizer(Path(ctx.model.path))
     except WorkloadError:
-        blocks = {}
-    shapes = [Shape(r.prompt_tokens, r.max_tokens, blocks.get(r.request_id)) for r in requests]
+        tokenizer = None
+    requests = StudyRequests.of_workload(ctx.workload.requests, ctx.workload.grow, tokenizer)
     adapters = {name: adapter for name, (adapter, _) in ctx.engines.items()}
     versions = {name: env.version for name, (_, env) in ctx.engines.items()}
-    return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, shapes, blocks, versions)
+    return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, requests, versions)
 
 
-def numbered_blocks(requests: Sequence[Request], tokenizer: Tokenizer) -> dict[str, tuple[int, ...]]:
-    """Each request's prompt as chained block keys, numbered in order of first appearance (equal
-    numbers, equal prefixes): the prefix structure the simulator's cache reads, by request id."""
-    numbered: dict[bytes, int] = {}
-    return {r.request_id: tuple(numbered.setdefault(k, len(numbered)) for k in prompt_blocks(r, tokenizer))
-            for r in requests}  # fmt: skip
-
-
-def served_trials(study: optuna.Study, blocks: Mapping[str, tuple[int, ...]]) -> list[Served]:
+def served_trials(study: optuna.Study, blocks: Mapping[str, tuple[int, ...]] | StudyRequests) -> list[Served]:
     """Every trial of ``study`` the model can learn from."""
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
     return [s for t in trials if (s := served_of(t, blocks)) is not None]

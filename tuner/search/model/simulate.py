@@ -139,10 +139,12 @@ def _blocks(tokens: int) -> int:
 
 def simulate(
     works: Sequence[Work], limits: Limits, theta: np.ndarray, spec: Speculation | None = None,
-    max_iterations: int = 200_000,
+    max_iterations: int = 200_000, waiting_trace: list[tuple[float, int]] | None = None,
 ) -> list[Timeline]:  # fmt: skip
     """Run ``works`` through the scheduler with costs ``theta`` (over ``feature_names(spec)``);
-    a request that could not finish within ``max_iterations`` keeps no done time."""
+    a request that could not finish within ``max_iterations`` keeps no done time. ``waiting_trace``,
+    where given, gets (time, requests waiting to be admitted) at the start of every iteration: the
+    server's waiting queue, which a capacity step samples to tell a queue that keeps growing."""
     n_features = len(TARGET_FEATURES) + (len(DRAFT_FEATURES) if spec is not None else 0)
     theta = np.asarray(theta, dtype=float)[:n_features]
     order = sorted(range(len(works)), key=lambda i: works[i].arrival_s)
@@ -239,6 +241,8 @@ def simulate(
                 break
             now = max(now, works[pending[0]].arrival_s)
             continue
+        if waiting_trace is not None:
+            waiting_trace.append((now, len(waiting)))
         x[:] = 0.0
         tokens = 0
         spec_seqs = 0
