@@ -10,10 +10,10 @@ faster), and repeat until the costs stop moving. Each equation is weighted by 1 
 of the measured latency and the one the current costs simulate, so the fit is on relative error (a
 short TTFT counts as much as a long end-to-end time) and centred on the log scale. Either latency
 alone biases it: dividing by the measured one gives a slow measurement less weight than a fast one,
-which pulls every cost down (reports/search.md, "Why the model over-predicted"); dividing by the
-simulated one gives a slow simulation less weight, which pushes every cost up, by about the spread of
-the latencies' ratios (reports/search.md, "Why the model under-predicted"). With both, an error of a
-factor c up weighs as much as one of c down. This is iteratively reweighted least squares for
+which pulls every cost down; dividing by the simulated one gives a slow simulation less weight,
+which pushes every cost up, by about the spread of the latencies' ratios (both seen, CHANGELOG.md;
+the fit's figures: reports/search.md, "Where the model is wrong"). With both, an error of a factor c
+up weighs as much as one of c down. This is iteratively reweighted least squares for
 latencies whose spread grows with their size.
 
 The target's costs are shared by every step of one engine; a draft model's two costs are fitted
