@@ -305,7 +305,7 @@ def _search_lines(s: dict[str, Any], on: str) -> list[str]:
         return [[name, f"{r['median_trials']:g}", f"{r['q1']:g}-{r['q3']:g}", f"{r['median_boots']:g}",
                  f"{r['median_machine_s']:.0f} ({r['machine_q1']:.0f}-{r['machine_q3']:.0f})",
                  f"{r['reached']}/{r['seeds']}", f"{r['failing_booted']:g}", f"{r['screened']:g}", f"{r['pruned']:g}"]
-                for name, r in results.items()]  # fmt: skip
+                for name in SEARCH_SAMPLERS if (r := results.get(name))]  # fmt: skip  # the run's order, not the JSON's
 
     out, rnd = s["without_default"]["model"], s["without_default"]["random"]
     met = out["median_trials"] <= 3 and out["median_boots"] <= rnd["median_boots"] / 2
