@@ -22,7 +22,7 @@ from tuner.engines.speculation import proposer_of
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.model.fit import Fit, ObservedStep, fit_costs, nnls
-from tuner.search.model.history import Served, Shape, StudyRequests, computed_prompts, speculation
+from tuner.search.model.history import GROWTH_CAP, Served, Shape, StudyRequests, computed_prompts, speculation
 from tuner.search.model.predict import EngineModel, Prediction, bisect_capacity, expected_improvement, model_sigma
 from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of, simulate
 from tuner.workloads import build_workload
@@ -382,3 +382,14 @@ def test_the_simulator_reports_a_waiting_queue_that_grows_only_past_what_the_eng
         truth.step_rows(rate, limits, np.array(TRUE), None, OVERHEAD, trace)
         late = [n for t, n in trace if t > trace[-1][0] / 2]
         assert trace and (max(late) > 10) == grows, (rate, max(late))
+
+
+def test_ids_the_workload_never_has_stop_its_growth(tokenizer: Tokenizer) -> None:
+    """Another workload's request ids (a study resumed with another preset) cannot grow it forever."""
+    workload = build_workload("rag", tokenizer, seed=0, n_requests=8, max_model_len=2048, rate=1.0)
+    requests = StudyRequests.of_workload(workload.requests, workload.grow, tokenizer)
+    blocks = requests.cover(["elsewhere-1", "elsewhere-2"])
+    grown = len(requests)
+    assert "elsewhere-1" not in blocks and grown <= 2 * GROWTH_CAP * 8
+    requests.cover(["elsewhere-1", "elsewhere-2"])  # a study refits after every trial
+    assert len(requests) == grown, "asked again, it grows no further"

@@ -28,6 +28,7 @@ from tuner.workloads.base import Request
 from tuner.workloads.inspection import prompt_blocks
 
 MAX_STEPS_PER_TRIAL = 8  # a trial's steps the fit reads, spread over its rates: a fit stays seconds long
+GROWTH_CAP = 64  # the study's requests grow to cover ids of its steps' rows up to this many times the workload
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ class StudyRequests:
         self._grow = grow
         self._tokenizer = tokenizer
         self._numbering: dict[bytes, int] = {}
+        self._built = len(self._shapes)  # as the workload was built, before any growth
 
     @classmethod
     def of_workload(
@@ -211,6 +213,7 @@ class StudyRequests:
         cannot be read: no blocks, the model then spreads each step's measured prefix hits)."""
         study = cls([], grow=grow, tokenizer=tokenizer)
         study._read(requests)
+        study._built = len(requests)
         return study
 
     def __len__(self) -> int:
@@ -229,8 +232,13 @@ class StudyRequests:
     def cover(self, request_ids: Iterable[str]) -> Mapping[str, tuple[int, ...]]:
         """The blocks of every request in ``request_ids`` the workload holds or grows to (a served
         step sent requests the search grew beyond the workload's first ones)."""
-        missing = {str(i) for i in request_ids} - self._blocks.keys()
-        while missing and self._more(2 * max(len(self._shapes), 1)):
+        wanted = {str(i) for i in request_ids}
+        missing = wanted - self._blocks.keys()
+        # a search hands its requests out in order, so those it sent are among the first twice as many
+        # as it sent (or GROWTH_CAP times the workload as built): ids that never come (another
+        # workload's) stop the growth there
+        limit = max(2 * (len(wanted) + self._built), GROWTH_CAP * self._built)
+        while missing and len(self._shapes) < limit and self._more(2 * max(len(self._shapes), 1)):
             missing -= self._blocks.keys()
         return self._blocks
 
