@@ -340,7 +340,7 @@ def test_a_step_longer_than_the_known_requests_does_not_hit_the_cache_on_their_r
     than the workload's known ones sends them again for their lengths, and must not find them cached
     (a real step's requests are distinct), so the capacity does not depend on how many are known."""
     distinct = [Shape(400, 32, tuple(range(100 * i, 100 * i + 25))) for i in range(len(SHAPES))]  # alike but for blocks
-    few, many = (replace(_truth(), shapes=StudyRequests(distinct[:k])) for k in (4, len(distinct)))
+    few, many = (replace(_truth(), requests=StudyRequests(distinct[:k])) for k in (4, len(distinct)))
     limits = Limits(512, 8, None)
     rows = few.step_rows(4.0, limits, np.array(TRUE), None, OVERHEAD)
     assert len(rows) > 4 and all(r["blocks"] is None for r in rows), "beyond the known requests: the hit rate"

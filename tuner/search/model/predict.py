@@ -86,13 +86,13 @@ class Prediction:
 
 @dataclass
 class EngineModel:
-    """A study's performance model: fitted from ``served`` trials, predicting for ``shapes`` (the
-    study's requests, in order) under ``plan``. ``fits`` is filled by ``fit``."""
+    """A study's performance model: fitted from ``served`` trials, predicting for ``requests`` (the
+    study's, in order, grown as a search grows them) under ``plan``. ``fits`` is filled by ``fit``."""
 
     adapters: Mapping[str, EngineAdapter]
     device: Device
     plan: CapacityPlan
-    shapes: StudyRequests
+    requests: StudyRequests
     fits: dict[str, Fit]
     acceptance: dict[str, dict[str, float]]
     hit: float
@@ -108,10 +108,10 @@ class EngineModel:
     @classmethod
     def fit(
         cls, served: Sequence[Served], adapters: Mapping[str, EngineAdapter], device: Device, plan: CapacityPlan,
-        shapes: Sequence[Shape] | StudyRequests, start: Mapping[str, Fit] | None = None, hold: bool = True,
+        requests: Sequence[Shape] | StudyRequests, start: Mapping[str, Fit] | None = None, hold: bool = True,
     ) -> EngineModel:  # fmt: skip
         """Fit every engine ``served`` holds (``start``: an earlier model's fits, to start from;
-        ``shapes``: the study's requests, or their shapes alone, sent again in order where a step
+        ``requests``: the study's requests, or their shapes alone, sent again in order where a step
         needs more)."""
         fits, acceptance, plain = {}, {}, {}
         for engine in sorted({s.engine for s in served}):
@@ -132,15 +132,15 @@ class EngineModel:
             for draft, value in per_draft.items():
                 pooled.setdefault(draft, []).append(value)
         shared = {draft: float(np.median(values)) for draft, values in pooled.items()}
-        requests = shapes if isinstance(shapes, StudyRequests) else StudyRequests(shapes)
-        return cls(adapters, device, plan, requests, fits, acceptance, hit, len(served), plain, shared, hold)
+        study = requests if isinstance(requests, StudyRequests) else StudyRequests(requests)
+        return cls(adapters, device, plan, study, fits, acceptance, hit, len(served), plain, shared, hold)
 
     def predict(self, engine: str, params: Mapping[str, Any], kv_tokens: int | None) -> dict[str, Prediction]:
         """Every scored tier's predicted capacity for a config of ``engine`` with ``params`` and a KV
         pool of ``kv_tokens`` (None: unbounded)."""
         tiers = self.plan.scored
         fit = self.fits.get(engine)
-        if fit is None or not self.shapes:
+        if fit is None or not self.requests:
             return {t: Prediction(t, None, None, None, f"{engine} never served a step in this study") for t in tiers}
         adapter = self.adapters[engine]
         limits = limits_of(params, adapter, self.device, kv_tokens)
@@ -210,7 +210,7 @@ class EngineModel:
         ``waiting`` gets the simulated server's waiting queue (``simulate``'s ``waiting_trace``)."""
         n = math.ceil(rate * self.plan.look_s(rate) * self.plan.step_limit)
         times = release_times(n, Arrival(rate=rate, burstiness=self.plan.burstiness), self.plan.seed)
-        shapes = self.shapes.first(n)
+        shapes = self.requests.first(n)
         known = len(shapes) == n
         rows = [{"sent_s": float(t or 0.0), "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
                  "blocks": shape.blocks if known else None, "error": None}
