@@ -45,8 +45,9 @@ from tuner.engines.base import Device
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.memory import parse_facts
-from tuner.search.model.history import Served, Shape, StudyRequests
+from tuner.search.model.history import Served
 from tuner.search.model.predict import EngineModel
+from tuner.search.model.requests import Shape, StudyRequests
 from tuner.search.model.sampler import ModelContext, ModelSampler
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import resolve_workload

@@ -22,8 +22,9 @@ from tuner.engines.speculation import proposer_of
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.model.fit import Fit, ObservedStep, fit_costs, nnls
-from tuner.search.model.history import GROWTH_CAP, Served, Shape, StudyRequests, computed_prompts, speculation
+from tuner.search.model.history import Served, computed_prompts, speculation
 from tuner.search.model.predict import EngineModel, Prediction, bisect_capacity, expected_improvement, model_sigma
+from tuner.search.model.requests import GROWTH_CAP, Shape, StudyRequests
 from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of, simulate
 from tuner.workloads import build_workload
 

@@ -18,8 +18,8 @@ from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import Measured, search_capacity
 from tuner.measure.trial import TrialContext, TrialResult, score_capacity
 from tuner.progress import Quiet
-from tuner.search.model.history import StudyRequests
 from tuner.search.model.predict import EngineModel
+from tuner.search.model.requests import StudyRequests
 from tuner.search.model.sampler import PREDICTED, ModelContext, ModelSampler
 from tuner.search.model.simulate import Limits
 from tuner.search.objective import SearchObjective

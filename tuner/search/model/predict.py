@@ -47,8 +47,6 @@ from tuner.measure.rate_steps import CapacityPlan, Measured, judge_served, watch
 from tuner.search.model.fit import Fit, fit_costs
 from tuner.search.model.history import (
     Served,
-    Shape,
-    StudyRequests,
     draft_acceptance,
     hit_rate,
     limits_of,
@@ -56,6 +54,7 @@ from tuner.search.model.history import (
     speculation,
     step_works,
 )
+from tuner.search.model.requests import Shape, StudyRequests
 from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, simulate
 from tuner.workloads.arrivals import Arrival, release_times
 

@@ -16,8 +16,9 @@ import optuna
 
 from tuner.engines.base import Device, EngineAdapter
 from tuner.measure.rate_steps import CapacityPlan
-from tuner.search.model.history import Served, Shape
+from tuner.search.model.history import Served
 from tuner.search.model.predict import EngineModel
+from tuner.search.model.requests import Shape
 from tuner.search.model.sampler import served_trials
 from tuner.study.attrs import study_attrs_of
 

@@ -41,8 +41,9 @@ from tuner.measure.trial import TrialContext
 from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
-from tuner.search.model.history import Served, StudyRequests, served_of, speculation
+from tuner.search.model.history import Served, served_of, speculation
 from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
+from tuner.search.model.requests import StudyRequests
 from tuner.search.rejections import rejected_like
 from tuner.search.space import Space, distributions, suggest
 from tuner.search.speculation import Offer
