@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-.gpubundle}
-PIECE=${PIECE:-25165824}  # 24 MiB: with the working tree (30 MiB on 2026-12-04, growing) under the 64 MiB a call carries; 50 MiB was refused
+PIECE=${PIECE:-12582912}  # 12 MiB: a piece and the working tree must fit one call (carry_check.py); 24 MiB stopped fitting when the tree passed 40 MiB
 # A set that download_bundle.sh left out (SETS="tuner vllm": no sglang) keeps its tracked wheels-*.txt
 # and travels empty: the stream then holds no SGLang wheels, only the B.DONE marker after A.DONE.
 for s in tuner vllm sglang; do [ ! -f "$B/sets/$s.txt" ] || cp "$B/sets/$s.txt" "scripts/gpu/wheels-$s.txt"; done
@@ -24,3 +24,4 @@ tar -C "$B/wheels" --format=gnu --mtime=@0 --owner=0 --group=0 --numeric-owner -
   -cf - -T "$B/stream.list" | split -b "$PIECE" -d -a 2 - "$B/pieces/p."
 (cd "$B/pieces" && sha256sum p.*) > scripts/gpu/bundle.sha256
 ls -l "$B/pieces" | awk '{print $5, $9}' | tr '\n' ' '; echo
+python3 scripts/gpu/carry_check.py

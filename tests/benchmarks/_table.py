@@ -167,7 +167,7 @@ def context(table: dict[str, Any], slo: dict[str, float]) -> TrialContext:
 # d85b603 (before the workloads issue), where the engine default tied for the best; "heavy" under the
 # rag preset as it is now, on a space chosen so that the configs differ.
 CAPACITY_GRIDS = {
-    "light": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag.json",
+    "light": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag.json.gz",
               ROOT / "search_spaces/grid-cpu-capacity.yaml"),
     "heavy": (ROOT / "tests/benchmarks/data/capacity_grid_vllm_cpu_rag_heavy.json.gz",
               ROOT / "search_spaces/grid-cpu-capacity-heavy.yaml"),

@@ -287,7 +287,7 @@ def _capacity_section(cap: dict[str, Any]) -> list[str]:
     ranked = sorted(truth["capacities"].items(), key=lambda kv: -kv[1])[:5]
     return [
         f"## Capacity (`--objective capacity`, {CAPACITY_TIER} tier)", "",
-        f"The table `tests/benchmarks/data/capacity_grid_vllm_cpu_rag.json` (`measure_capacity_grid`, "
+        f"The table `tests/benchmarks/data/{_table.CAPACITY_TABLE.name}` (`measure_capacity_grid`, "
         f"{cap['measured']}): every config of `search_spaces/grid-cpu-capacity.yaml` ({truth['size'] - 1} configs "
         f"plus the engine default, {truth['served']} of which served) served once on a fixed ladder of open-loop "
         f"rates {100 * plan['resolution']:g} % apart. A replayed trial runs the tuner's own capacity search "

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Will every call of a block fit what one device call carries?
+
+A device call copies the whole working tree (tracked files, and untracked files git does not ignore)
+and adds the paths it carries: a bundle piece, or the study tag's archive. Over the limit, the call
+is refused before it runs. On 2026-12-05 (block 4 of study 1) the tree had grown to 45 MiB, every
+24 MiB piece was refused, and a whole lease went by with setup waiting for pieces that never came
+(reports/gpu-h200/study-1/block4/NOTES.md). This check runs before a block's calls are sent
+(``bundle.sh`` and ``archive.sh`` end with it) and in the unit tests, so a growing tree fails here,
+not on the GPU.
+
+Usage: scripts/gpu/carry_check.py [PIECE_BYTES]   (default: bundle.sh's PIECE; exit 1 when a call would not fit)
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+MIB = 1 << 20
+# What one device call may carry, the working tree included (the device tool's limit).
+CALL_LIMIT_BYTES = 64 * MIB
+# Kept free for what a block adds to the tree between the check and the calls (the study file grows
+# by a trial's rows; a session may write notes).
+MARGIN_BYTES = 4 * MIB
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE_SH = REPO / "scripts" / "gpu" / "bundle.sh"
+ARCHIVE = REPO / ".gpubundle" / "tuner-head.tar.gz"
+PIECES = REPO / ".gpubundle" / "pieces"
+
+
+def piece_bytes() -> int:
+    """bundle.sh's piece size: its default, ``PIECE=${PIECE:-N}``."""
+    found = re.search(r"^PIECE=\$\{PIECE:-(\d+)\}", BUNDLE_SH.read_text(), re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"carry_check: no PIECE=${{PIECE:-N}} default in {BUNDLE_SH}")
+    return int(found.group(1))
+
+
+def tree_bytes(repo: Path = REPO) -> int:
+    """The bytes a call copies before it carries anything: tracked files and untracked files that
+    git does not ignore, as they are on disk now."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True, capture_output=True,
+    ).stdout.decode()  # fmt: skip
+    paths = {p for p in listed.split("\0") if p}
+    return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())
+
+
+def carries(piece: int | None) -> dict[str, int]:
+    """What each kind of call adds to the tree: the largest piece (``piece`` where given, else as
+    built, else as bundle.sh will cut it) and the tag's archive where it is built."""
+    built = [p.stat().st_size for p in PIECES.glob("p.*")] if PIECES.is_dir() else []
+    out = {"largest piece": piece if piece is not None else max(built, default=piece_bytes())}
+    if ARCHIVE.is_file():
+        out["tag archive"] = ARCHIVE.stat().st_size
+    return out
+
+
+def main(argv: list[str]) -> int:
+    piece = int(argv[1]) if len(argv) > 1 else None
+    tree = tree_bytes()
+    room = CALL_LIMIT_BYTES - MARGIN_BYTES
+    ok = True
+    for what, size in carries(piece).items():
+        total = tree + size
+        fits = total <= room
+        ok &= fits
+        print(f"carry_check: working tree {tree / MIB:.1f} MiB + {what} {size / MIB:.1f} MiB = "
+              f"{total / MIB:.1f} MiB of {room / MIB:.0f} MiB (64 less a {MARGIN_BYTES // MIB} MiB margin): "
+              f"{'fits' if fits else 'DOES NOT FIT: cut PIECE in bundle.sh or shrink the tree'}")  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,61 @@
+"""Every call of a GPU block fits what one device call carries (scripts/gpu/carry_check.py).
+
+A device call copies the whole working tree and adds one bundle piece or the study tag's archive; over
+the limit it is refused. On 2026-12-05 the tree had grown past what a 24 MiB piece left room for, every
+piece call of block 4 was refused, and the lease went by with nothing run
+(reports/gpu-h200/study-1/block4/NOTES.md). These tests fail in CI when the tree grows that far again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _carry_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("carry_check", ROOT / "scripts" / "gpu" / "carry_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tree_and_a_bundle_piece_fit_one_device_call() -> None:
+    cc = _carry_check()
+    tree, piece = cc.tree_bytes(ROOT), cc.piece_bytes()
+    assert piece >= cc.MIB, piece  # the default was read from bundle.sh, not a stray match
+    assert tree + piece <= cc.CALL_LIMIT_BYTES - cc.MARGIN_BYTES, (
+        f"tree {tree / cc.MIB:.1f} MiB + piece {piece / cc.MIB:.1f} MiB leaves under "
+        f"{cc.MARGIN_BYTES / cc.MIB:.0f} MiB of a device call: cut PIECE in scripts/gpu/bundle.sh or shrink the tree"
+    )
+
+
+def test_the_check_refuses_a_piece_that_would_not_fit() -> None:
+    """Not vacuous: a piece of the whole limit fails, and the script says so with exit 1."""
+    cc = _carry_check()
+    done = subprocess.run(["python3", str(ROOT / "scripts" / "gpu" / "carry_check.py"), str(cc.CALL_LIMIT_BYTES)],
+                          capture_output=True, text=True, check=False, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "DOES NOT FIT" in done.stdout
+
+
+def test_the_study_archive_holds_what_a_block_runs_and_leaves_the_bulk_out() -> None:
+    """archive.sh's pathspec, as git applies it to HEAD: the tuner, the generator and corpus recv.sh
+    takes out of it, the search space; no reports or benchmark tables (study.sh resumes the study file
+    from the working tree)."""
+    script = (ROOT / "scripts" / "gpu" / "archive.sh").read_text()
+    pathspec = script.split('"$TAG" -- ', 1)[1].split("\n", 1)[0].replace("'", "").split()
+    blob = subprocess.run(["git", "archive", "--format=tar", "HEAD", "--", *pathspec],
+                          cwd=ROOT, capture_output=True, check=True).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        names = set(tar.getnames())
+    for needed in ("pyproject.toml", "tuner/__main__.py", "tuner/engines/scripts/make_models.py",
+                   "tuner/workloads/corpus.txt", "search_spaces/gpu-h200.yaml"):  # fmt: skip
+        assert needed in names, needed
+    assert not any(n.startswith(("reports/", "tests/benchmarks/data/")) for n in names)
