@@ -58,6 +58,10 @@ WITHIN = 0.20  # the issue's goal: predicted within 20 % of the measured ladder
 GOAL_SHARE = 0.80
 TIERS = ("interactive", "relaxed")
 SEARCH_SAMPLERS = ("model", "tpe (tuner default)", "random", "grid")
+# What a closed-loop drive scores (``tuner.search.pruning.running_values``: the objectives other than
+# capacity), predicted on the latency table
+DRIVE_METRICS = ("ttft_p95_ms", "output_throughput_tok_s", "goodput_req_s")
+LATENCY = "latency"  # --grid latency: the latency table (``_table.TABLE``), closed-loop drives
 MD_PATH = _report.REPORTS / "search.md"
 JSON_PATH = _report.REPORTS / "search_model.json"
 
@@ -244,7 +248,6 @@ def _pct(value: float | None, sign: str = "+") -> str:
 
 def render(data: dict[str, Any]) -> str:
     loo, s = data["prediction"], data["search"]
-    fit = loo["fit"]
     grid = data.get("grid", "light")
     table = _table.CAPACITY_GRIDS[grid][0].name
     on = "" if grid == "light" else f", the {grid} table"
@@ -284,18 +287,26 @@ def render(data: dict[str, Any]) -> str:
         _report.table(["config", *[f"{t} predicted / measured" for t in TIERS]],
                       [[r["config"], *[f"{(r[f'{t}_predicted'] or 0):.2f} / {r[f'{t}_measured']:.2f}" for t in TIERS]]
                        for r in loo["rows"]]), "",
+        _fit_line(loo, "steps'"), "",
+    ]  # fmt: skip
+    lines += _search_lines(s, on) if s else []
+    lines += _wrong_lines(data, on)
+    return "\n".join(lines) + "\n"
+
+
+def _fit_line(run: dict[str, Any], of: str) -> str:
+    """The fit on all served configs, as a run stored it (``fit``, ``fit_s``, ``hit_rate``, ``acceptance``)."""
+    fit = run["fit"]
+    return (
         "The fit on all served configs (seconds per unit; attention per million token pairs): "
         + ", ".join(f"{k} {v:.3g}" for k, v in fit["target"].items())
         + "; drafting " + "; ".join(f"{d}: " + ", ".join(f"{k} {v:.3g}" for k, v in c.items())
                                      for d, c in fit["drafts"].items())
         + f"; per request {fit['overhead_s']:.3g}; relative RMS error of the fitted token times "
         f"{100 * fit['residual']:.0f} % over {fit['requests']} requests of {fit['steps']} steps "
-        f"({loo['fit_s']:.0f} s). Prefix-cache hit rate (median of the steps' counters) {loo['hit_rate']:.2f}; "
-        "per-position acceptance " + ", ".join(f"{d} {a:.2f}" for d, a in loo["acceptance"].items()) + ".", "",
-    ]  # fmt: skip
-    lines += _search_lines(s, on) if s else []
-    lines += _wrong_lines(data, on)
-    return "\n".join(lines) + "\n"
+        f"({run['fit_s']:.0f} s). Prefix-cache hit rate (median of the {of} counters) {run['hit_rate']:.2f}; "
+        "per-position acceptance " + ", ".join(f"{d} {a:.2f}" for d, a in run["acceptance"].items()) + "."
+    )  # fmt: skip
 
 
 def _search_lines(s: dict[str, Any], on: str) -> list[str]:
@@ -385,16 +396,22 @@ def main() -> None:
     parser.add_argument("--skip-search", action="store_true", help="the prediction section alone")
     parser.add_argument("--search-only", action="store_true",
                         help="the search alone, beside the grid's prediction its last run stored")  # fmt: skip
-    parser.add_argument("--grid", choices=sorted(_table.CAPACITY_GRIDS), default="light")
+    parser.add_argument("--grid", choices=[*sorted(_table.CAPACITY_GRIDS), LATENCY], default="light")
     parser.add_argument("--render-only", action="store_true", help="re-render the grid's sections from the JSON")
     args = parser.parse_args()
     name = "model" if args.grid == "light" else f"model-{args.grid}"
+    draw = render_drives if args.grid == LATENCY else render
     if args.render_only:  # the stored run's own stamp stays: a re-render is not a run
         stored = json.loads(JSON_PATH.read_text())[name]
-        _report.write_section(name, render(stored), stored, MD_PATH, JSON_PATH)
+        _report.write_section(name, draw(stored), stored, MD_PATH, JSON_PATH)
         return
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if args.grid == LATENCY:
+        data = {"stamp": started, "grid": LATENCY, **predict_drives(_table.load())}
+        _report.write_section(name, render_drives(data), data, MD_PATH, JSON_PATH)
+        print(render_drives(data))
+        return
     table = _table.load_capacity(_table.CAPACITY_GRIDS[args.grid][0])
     if args.grid == "light":
         requests = light_requests()
@@ -430,6 +447,98 @@ def predict_table(table: dict[str, Any], requests: StudyRequests) -> dict[str, A
                                again)  # fmt: skip
     prediction["measured"] = _table.served_when(table)
     return prediction
+
+
+# ---- the latency table: closed-loop drives ----
+
+
+def drives_served(table: dict[str, Any], requests: StudyRequests) -> dict[str, Served]:
+    """The latency table's served configs, each with its one closed-loop drive as a step. The drive's
+    clients took the workload's requests in order, so a row's place in send order names its request."""
+    out = {}
+    for k, p in table["points"].items():
+        if p["failure"] or not p["request_log"]:
+            continue
+        rows = sorted(p["request_log"], key=lambda r: float(r["sent_s"]))
+        ids = [str(i % len(requests)) for i in range(len(rows))]
+        rows = [{**r, "request_id": i, "blocks": requests.blocks.get(i)} for r, i in zip(rows, ids, strict=True)]
+        m = p["metrics"]
+        step = Measured(float(m["request_throughput_req_s"]), rows, [], float(m["duration_s"]), dict(p["server"]))
+        kv = parse_facts("\n".join(p["memory_lines"])).get("kv_tokens")
+        out[k] = Served("vllm", p["params"], None if kv is None else int(kv), (step,))
+    return out
+
+
+def predict_drives(table: dict[str, Any]) -> dict[str, Any]:
+    """Leave one config out over the latency table: fitted on every other config's drive, the model
+    predicts this config's drive (``EngineModel.drive_rows``: the same requests, the same clients) and
+    both are scored as the objectives score a drive, under the search benchmark's SLO."""
+    requests = light_requests()
+    if json.loads(PREFIXES.read_text())["digest"] != table["workload"]["digest"]:
+        raise SystemExit("bench_model --grid latency: the table's workload is not the prefixes file's")
+    served = drives_served(table, requests)
+    n, clients = int(table["workload"]["requests"]), int(table["workload"]["concurrency"])
+    plan = _table.plan_of(_table.load_capacity(), TIERS)  # the model's capacity plan, unused by a drive
+    adapters, device = {"vllm": VllmAdapter()}, device_of(table)
+    began = time.time()
+    full = EngineModel.fit(list(served.values()), adapters, device, plan, requests)
+    fit_s = time.time() - began
+    rows: list[dict[str, Any]] = []
+    for k, s in served.items():
+        model = EngineModel.fit([o for kk, o in served.items() if kk != k], adapters, device, plan, requests,
+                                full.fits)  # fmt: skip
+        drive = model.drive_rows("vllm", s.params, s.kv_tokens, n, clients)
+        measured = _table.trial_metrics(list(s.steps[0].rows), bench_search.SLO)
+        predicted = _table.trial_metrics(drive, bench_search.SLO) if drive else {}
+        rows.append({"config": k, **{f"{m}_measured": measured[m] for m in DRIVE_METRICS},
+                     **{f"{m}_predicted": predicted.get(m) for m in DRIVE_METRICS}})  # fmt: skip
+        print(f"drive {k}: " + ", ".join(f"{m} {predicted.get(m, math.nan):.3g} vs {measured[m]:.3g}"
+                                         for m in DRIVE_METRICS), flush=True)  # fmt: skip
+    summary = {}
+    for m in DRIVE_METRICS:
+        pairs = [(float(r[f"{m}_predicted"]), float(r[f"{m}_measured"])) for r in rows
+                 if r[f"{m}_predicted"] is not None and r[f"{m}_measured"] > 0]  # fmt: skip
+        errors = [p / t - 1 for p, t in pairs]
+        summary[m] = {
+            "within": sum(1 for e in errors if abs(e) <= WITHIN), "configs": len(rows), "predicted": len(pairs),
+            "median_error": statistics.median(errors) if errors else math.nan,
+            "median_abs_error": statistics.median(abs(e) for e in errors) if errors else math.nan,
+            "spearman": spearman([p for p, _ in pairs], [t for _, t in pairs]),
+        }  # fmt: skip
+    return {"rows": rows, "summary": summary, "fit": full.fits["vllm"].as_dict(), "fit_s": round(fit_s, 1),
+            "hit_rate": full.hit, "acceptance": full.acceptance.get("vllm", {}), "clients": clients,
+            "requests": n, "measured": table["machine"]["date_utc"], "served": len(served),
+            "size": len(table["points"])}  # fmt: skip
+
+
+def render_drives(data: dict[str, Any]) -> str:
+    labels = {"ttft_p95_ms": "TTFT p95", "output_throughput_tok_s": "output throughput",
+              "goodput_req_s": "goodput"}  # fmt: skip
+    slo = ", ".join(f"{k} <= {v:g}" for k, v in bench_search.SLO.items())
+    worst = sorted(data["rows"], key=lambda r: -abs(math.log(max(r["ttft_p95_ms_predicted"] or 1e-9, 1e-9)
+                                                             / max(r["ttft_p95_ms_measured"], 1e-9))))[:3]  # fmt: skip
+    lines = [
+        f"## The performance model on the latency table: closed-loop drives (`tests/benchmarks/bench_model.py "
+        f"--grid {LATENCY}`)", "",
+        f"The table `tests/benchmarks/data/{_table.TABLE.name}` (`grid-cpu.yaml`, measured {data['measured']}; "
+        f"{data['served']} of {data['size']} configs served): every config driven once closed loop, "
+        f"{data['clients']} clients sending the rag preset's {data['requests']} requests in turn, as the objectives "
+        "other than capacity (goodput, throughput, pareto) measure a trial. Leave one config out: the model is "
+        "fitted on every other config's drive and predicts this one's (`EngineModel.drive_rows`: the simulated "
+        "scheduler sends each client's next request the moment its last one ends); both drives are scored as "
+        f"the objectives score them (`running_values`), under the search benchmark's SLO ({slo}). The 20 % "
+        "yardstick is the issue's, set there for capacity.", "",
+        _report.table(["metric", "within 20 %", "predicted", "median error", "median abs error",
+                       "rank correlation (Spearman)"],
+                      [[labels[m], f"{v['within']}/{v['configs']}", f"{v['predicted']}/{v['configs']}",
+                        _pct(v["median_error"]), _pct(v["median_abs_error"], ""), f"{v['spearman']:.2f}"]
+                       for m, v in data["summary"].items()]), "",
+        "Largest TTFT p95 errors: " + "; ".join(
+            f"`{r['config']}` {(r['ttft_p95_ms_predicted'] or 0):.0f} ms predicted, "
+            f"{r['ttft_p95_ms_measured']:.0f} ms measured" for r in worst) + ".", "",
+        _fit_line(data, "drives'"), "",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -54,6 +54,34 @@ def test_the_sequence_limit_serialises_requests() -> None:
     assert together[1].done_s == 3.0
 
 
+def test_a_closed_loop_sends_each_next_request_the_moment_one_ends() -> None:
+    """One client: each request is sent when the one before ends, so with one iteration per token
+    request i ends after all the tokens up to it. Open loop, the same works all arrive at once."""
+    works = [Work(0.0, 10, n) for n in (3, 5, 2, 4)]
+    lines = simulate(works, Limits(None, None, None), UNIT, concurrency=1)
+    ends = [3.0, 8.0, 10.0, 14.0]
+    assert [t.done_s for t in lines] == ends
+    assert [t.sent_s for t in lines] == [0.0, *ends[:-1]]
+    assert [t.first_s for t in lines] == [1.0, 4.0, 9.0, 11.0]
+    assert [t.sent_s for t in simulate(works, Limits(None, None, None), UNIT)] == [0.0] * 4
+
+
+@pytest.mark.parametrize("prefill_first", [False, True])
+def test_a_closed_loop_never_holds_more_requests_than_its_clients(prefill_first: bool) -> None:
+    rng = random.Random(3)
+    works = [Work(0.0, rng.randint(20, 400), rng.randint(2, 30)) for _ in range(40)]
+    lines = simulate(works, Limits(128, 8, 4096, prefill_first), TRUE, concurrency=4)
+    assert all(t.sent_s is not None and t.done_s is not None for t in lines)
+    sent = [float(t.sent_s or 0.0) for t in lines]
+    assert sent == sorted(sent) and sent[:4] == [0.0] * 4
+    ends = sorted(float(t.done_s or 0.0) for t in lines)
+    for i, at in enumerate(sent[4:]):
+        assert at == ends[i]  # the (i + 1)-th request to end frees the client that sends request i + 4
+    for at in sent:
+        in_flight = sum(1 for t, s in zip(lines, sent, strict=True) if s <= at < float(t.done_s or 0.0))
+        assert in_flight <= 4
+
+
 def test_prefill_first_makes_the_decoding_requests_wait_for_a_new_prompt() -> None:
     works = [Work(0.0, 10, 4), Work(1.5, 10, 2)]
     mixed = simulate(works, Limits(None, None, None), UNIT)
@@ -237,6 +265,28 @@ def test_a_config_never_booted_is_predicted_near_its_true_capacity() -> None:
     for tier in PLAN.scored:
         assert real[tier].capacity_req_s and real[tier].capacity_req_s > 0
         assert predicted[tier].capacity_req_s == pytest.approx(real[tier].capacity_req_s, rel=0.10)
+
+
+def test_a_closed_loop_drive_of_a_config_never_booted_is_predicted_from_capacity_steps() -> None:
+    """The objectives other than capacity drive a config closed loop: fitted on open-loop steps of
+    two configs, the model predicts a third's drive as the true engine serves it; a draft it never
+    measured has no drive to predict."""
+    truth = _truth(drafts={"d": TRUE_DRAFT}, acceptance={"d": 0.7})
+    spec = {"max_num_seqs": 4, "num_speculative_tokens": 2, "draft_model": "d"}
+    served = [_served(truth, {"max_num_seqs": 8, "chunk_size": 512}), _served(truth, {"max_num_seqs": 1}),
+              _served(truth, spec)]  # fmt: skip
+    model = EngineModel.fit(served, {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)
+    for unseen in ({"max_num_seqs": 4, "chunk_size": 1024}, {**spec, "num_speculative_tokens": 3}):
+        predicted, real = model.drive_rows("vllm", unseen, None, 40, 4), truth.drive_rows("vllm", unseen, None, 40, 4)
+        assert predicted is not None and real is not None
+        assert sum(1 for r in real if r["sent_s"] == 0.0) == 4  # four clients start at once, the rest take turns
+        for pick in ("first_s", "done_s"):
+            ours = sorted(float(r[pick]) - float(r["sent_s"]) for r in predicted)
+            theirs = sorted(float(r[pick]) - float(r["sent_s"]) for r in real)
+            assert np.median(ours) == pytest.approx(np.median(theirs), rel=0.10)
+            assert ours[-2] == pytest.approx(theirs[-2], rel=0.10)  # the p95 of 40
+    assert model.drive_rows("vllm", {**spec, "draft_model": "other"}, None, 40, 4) is None
+    assert model.drive_rows("sglang", {}, None, 40, 4) is None
 
 
 def test_a_draft_never_booted_is_a_range_and_a_booted_one_is_learned_for_every_k() -> None:

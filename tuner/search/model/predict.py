@@ -167,6 +167,38 @@ class EngineModel:
         why = f"draft {spec.draft} never booted on {engine}: {said}, drafting free to as dear as the target"
         return {t: Prediction(t, _middle(slow[t], fast[t]), slow[t], fast[t], why) for t in tiers}
 
+    def drive_rows(
+        self, engine: str, params: Mapping[str, Any], kv_tokens: int | None, n: int, concurrency: int
+    ) -> list[dict[str, Any]] | None:
+        """A closed-loop drive predicted, as the objectives other than capacity measure a config: the
+        study's first ``n`` requests sent by ``concurrency`` clients, each next one as one ends
+        (``tuner.client.driver``), as the rows the drive records. None where the model has no costs
+        to say it with: an engine never served, or a draft whose acceptance or costs it never measured
+        on it (``predict`` gives those a range; a drive's latencies have no single figure to span).
+        A client sends its next request when the simulated server ends one, a transfer
+        (``overhead_s``) earlier than the client hears of it."""
+        fit = self.fits.get(engine)
+        spec = speculation(params, 0.0)
+        if fit is None or not self.requests:
+            return None
+        if spec is not None:
+            accept = self.acceptance.get(engine, {}).get(spec.draft)
+            if accept is None or fit.theta(spec) is None:
+                return None
+            spec = replace(spec, accept=accept)
+        theta = fit.theta(spec)
+        assert theta is not None
+        shapes = self.requests.first(n)
+        rows = [{"sent_s": 0.0, "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens,
+                 "blocks": s.blocks, "error": None} for s in shapes]  # fmt: skip
+        limits = limits_of(params, self.adapters[engine], self.device, kv_tokens)
+        lines = simulate(step_works(rows, self.hit), limits, theta, spec, concurrency=concurrency)
+        for row, line in zip(rows, lines, strict=True):
+            row["sent_s"] = line.sent_s
+            row["first_s"] = None if line.first_s is None else line.first_s + fit.overhead_s
+            row["done_s"] = None if line.done_s is None else line.done_s + fit.overhead_s
+        return rows
+
     def _capacities(
         self, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
     ) -> dict[str, float]:

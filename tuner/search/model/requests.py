@@ -44,7 +44,7 @@ class StudyRequests:
         self._grow = grow
         self._tokenizer = tokenizer
         self._numbering: dict[bytes, int] = {}
-        self._built = len(self._shapes)  # as the workload was built, before any growth
+        self._grown_from: int | None = None  # how many requests the workload was built with, once it grows
 
     @classmethod
     def of_workload(
@@ -54,7 +54,6 @@ class StudyRequests:
         cannot be read: no blocks, the model then spreads each step's measured prefix hits)."""
         study = cls([], grow=grow, tokenizer=tokenizer)
         study._read(requests)
-        study._built = len(requests)
         return study
 
     def __len__(self) -> int:
@@ -78,7 +77,8 @@ class StudyRequests:
         # a search hands its requests out in order, so those it sent are among the first twice as many
         # as it sent (or GROWTH_CAP times the workload as built): ids that never come (another
         # workload's) stop the growth there
-        limit = max(2 * (len(wanted) + self._built), GROWTH_CAP * self._built)
+        built = self._grown_from if self._grown_from is not None else len(self._shapes)
+        limit = max(2 * (len(wanted) + built), GROWTH_CAP * built)
         while missing and len(self._shapes) < limit and self._more(2 * max(len(self._shapes), 1)):
             missing -= self._blocks.keys()
         return self._blocks
@@ -87,6 +87,8 @@ class StudyRequests:
         """Grow the workload to at least ``n`` requests (twice as many at least); False where it cannot."""
         if self._grow is None:
             return False
+        if self._grown_from is None:
+            self._grown_from = len(self._shapes)
         grown = self._grow(max(n, 2 * len(self._shapes)))
         if len(grown) <= len(self._shapes):
             self._grow = None  # a trace read to its end

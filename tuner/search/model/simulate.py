@@ -115,6 +115,7 @@ class Timeline:
 
     first_s: float | None = None
     done_s: float | None = None
+    sent_s: float | None = None  # when it arrived: its own arrival, or in a closed loop a client's turn
     first_start_s: float = 0.0
     done_start_s: float = 0.0
     first_features: np.ndarray | None = None
@@ -140,15 +141,31 @@ def _blocks(tokens: int) -> int:
 def simulate(
     works: Sequence[Work], limits: Limits, theta: np.ndarray, spec: Speculation | None = None,
     max_iterations: int = 200_000, waiting_trace: list[tuple[float, int]] | None = None,
+    concurrency: int | None = None,
 ) -> list[Timeline]:  # fmt: skip
     """Run ``works`` through the scheduler with costs ``theta`` (over ``feature_names(spec)``);
     a request that could not finish within ``max_iterations`` keeps no done time. ``waiting_trace``,
     where given, gets (time, requests waiting to be admitted) at the start of every iteration: the
-    server's waiting queue, which a capacity step samples to tell a queue that keeps growing."""
+    server's waiting queue, which a capacity step samples to tell a queue that keeps growing.
+    ``concurrency``: a closed loop, as the client's drive without arrivals (``tuner.client.driver``):
+    that many clients send ``works`` in order, the first ones at their arrival, each next one the
+    moment a request ends (its last token, or refused as larger than the pool); each timeline's
+    ``sent_s`` says when."""
     n_features = len(TARGET_FEATURES) + (len(DRAFT_FEATURES) if spec is not None else 0)
     theta = np.asarray(theta, dtype=float)[:n_features]
-    order = sorted(range(len(works)), key=lambda i: works[i].arrival_s)
+    arrival = [w.arrival_s for w in works]
+    turns: deque[int] = deque()  # closed loop: the requests no client has sent yet, in order
+    if concurrency is not None:
+        turns.extend(range(max(concurrency, 1), len(works)))
+        for i in turns:
+            arrival[i] = math.inf
+    order = sorted(range(len(works)), key=lambda i: arrival[i])
     pending = deque(order)
+
+    def next_turn(at: float) -> None:
+        if turns:
+            arrival[turns.popleft()] = at  # pending holds it last, and released ones keep their order
+
     timelines = [Timeline() for _ in works]
     waiting: deque[_Request] = deque()
     running: list[_Request] = []
@@ -163,11 +180,11 @@ def simulate(
     decode_next = False  # prefill first: the last prefill iteration admitted nothing, so decode now
     for _ in range(max_iterations):
         if not waiting and not running:
-            if not pending:
+            if not pending or math.isinf(arrival[pending[0]]):
                 break
-            now = max(now, works[pending[0]].arrival_s)
+            now = max(now, arrival[pending[0]])
             busy_start, acc = now, np.zeros(n_features)
-        while pending and works[pending[0]].arrival_s <= now:
+        while pending and arrival[pending[0]] <= now:
             i = pending.popleft()
             waiting.append(_Request(i, works[i], max(works[i].prompt_tokens, 1)))
         # prefill first (SGLang): this iteration prefills if a prompt is mid-way or a request may be
@@ -236,10 +253,11 @@ def simulate(
             # nothing fits (a prompt larger than the whole pool): it can never run
             if waiting and not running:
                 waiting.popleft()
+                next_turn(now)
                 continue
-            if not pending:
+            if not pending or math.isinf(arrival[pending[0]]):
                 break
-            now = max(now, works[pending[0]].arrival_s)
+            now = max(now, arrival[pending[0]])
             continue
         if waiting_trace is not None:
             waiting_trace.append((now, len(waiting)))
@@ -276,6 +294,9 @@ def simulate(
                 t.done_s, t.done_start_s, t.done_features = now, busy_start, acc.copy()
                 running.remove(req)
                 used -= _blocks(req.kv)
+                next_turn(now)
+    for i, t in enumerate(timelines):
+        t.sent_s = None if math.isinf(arrival[i]) else arrival[i]
     return timelines
 
 
