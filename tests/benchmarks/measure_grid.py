@@ -1,8 +1,10 @@
 """Measure every config of ``search_spaces/grid-cpu.yaml`` once on the real vLLM CPU build.
 
-Run: ``.venv/bin/python -m tests.benchmarks.measure_grid [--out FILE] [--limit N]`` (about an hour
-on 2 cores for the 168 configs). Not part of the default test run. Resumable: configs already in
-the output file are skipped, so an interrupted run continues where it stopped.
+Run: ``.venv/bin/python -m tests.benchmarks.measure_grid [--out FILE] [--limit N] [--space FILE]``
+(about an hour on 2 cores for the 168 configs; ``--space`` measures another space's configs, as
+``grid-cpu-ngram.yaml`` into ``grid_vllm_cpu_rag_ngram.json``). Not part of the default test run.
+Resumable: configs already in the output file are skipped, so an interrupted run continues where it
+stopped.
 
 Each config runs exactly as a ``tuner search`` trial does (``tuner.measure.trial.run_trial``: fresh boot,
 discarded warmup, prefix cache reset, 40 rag requests at concurrency 4, seed 0), then, on the same
@@ -65,9 +67,9 @@ def _memory_lines(log_path: str) -> list[str]:
     return list(dict.fromkeys(found))[:4]
 
 
-def measure(out: Path, limit: int | None) -> None:
-    space = load_space(SPACE)
-    opts = SearchOptions(workload="rag", space=SPACE)
+def measure(out: Path, limit: int | None, space_path: Path = SPACE) -> None:
+    space = load_space(space_path)
+    opts = SearchOptions(workload="rag", space=space_path)
     progress = Progress()
     engines = resolve_engines(space, {}, None, progress)
     env = engines["vllm"][1]
@@ -77,7 +79,7 @@ def measure(out: Path, limit: int | None) -> None:
     slo = {"ttft_p95_ms": 2000.0, "e2e_p95_ms": 3000.0}  # the rag preset's
     ctx = TrialContext(engines, model, device, workload, LOG_DIR, progress, 300.0, slo)
     data = _load(out) or {
-        "what": "every config of search_spaces/grid-cpu.yaml, measured once as a tuner trial plus the stress run",
+        "what": f"every config of search_spaces/{space_path.name}, measured once as a tuner trial plus the stress run",
         "space": space.model_dump(),
         "workload": {"name": workload.name, "digest": workload.digest(), "requests": len(workload.requests),
                      "concurrency": workload.concurrency, "seed": workload.seed},
@@ -125,8 +127,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--space", type=Path, default=SPACE)
     args = parser.parse_args()
-    measure(args.out, args.limit)
+    measure(args.out, args.limit, args.space)
 
 
 if __name__ == "__main__":

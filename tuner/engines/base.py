@@ -26,8 +26,10 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
   histogram, ``waiting_gauge`` its gauge of requests waiting to be scheduled (a capacity step must
   not pass while it keeps growing).
 * ``server_stats(before, after)`` turns two ``/metrics`` scrapes into named deltas:
-  ``spec_acceptance_rate``, ``spec_mean_accept_len``, ``preemptions``, ``prefix_cache_hit_rate``,
-  ``server_ttft_mean_ms`` (None where the engine did not report it).
+  ``spec_acceptance_rate``, ``spec_mean_accept_len`` (both over the steps that proposed),
+  ``spec_draft_share`` (the share of decode steps that proposed: below 1 where a model-free lookup
+  found no match), ``preemptions``, ``prefix_cache_hit_rate``, ``server_ttft_mean_ms`` (None where
+  the engine did not report it).
 * ``default_params(device)`` names the engine's defaults for the enqueued baseline trial.
 * ``default_memory_fraction`` is the share of device memory the engine takes when no memory
   fraction is given (None: the engine derives it itself), and ``kv_tokens_required(model)`` the KV

@@ -266,9 +266,17 @@ class VllmAdapter(EngineAdapter):
         accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
         ttft_mean = histogram_mean_delta(before, after, self.ttft_histogram)
         mean_len = _ratio(accepted, drafts)
+        # vLLM counts a draft only in a step that scheduled speculative tokens for the request
+        # (Scheduler.make_spec_decoding_stats), so a model-free lookup's steps without a match are in
+        # none of the counters above. Its decode steps: every generated token but each request's first
+        # (from its prefill) and the accepted ones, which came in the step of their draft.
+        speculating = any(k.partition("{")[0] == "vllm:spec_decode_num_drafts_total" for k in after)
+        decode_steps = delta("vllm:generation_tokens_total") - accepted - delta("vllm:request_success_total")
+        share = _ratio(drafts, decode_steps) if speculating else None
         return {
             "spec_acceptance_rate": _ratio(accepted, draft_tokens),
             "spec_mean_accept_len": None if mean_len is None else 1.0 + mean_len,
+            "spec_draft_share": None if share is None else min(share, 1.0),
             "preemptions": delta("vllm:num_preemptions_total"),
             "prefix_cache_hit_rate": _ratio(
                 delta("vllm:prefix_cache_hits_total"), delta("vllm:prefix_cache_queries_total")

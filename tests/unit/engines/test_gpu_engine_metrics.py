@@ -59,9 +59,11 @@ def test_real_vllm_scrape_parses_with_labels_and_created_series() -> None:
 def test_vllm_defaults_server_stats_are_what_the_study_recorded() -> None:
     first, last = scrapes(VLLM, 0, "vllm")
     stats = VllmAdapter().server_stats(first, last)
-    assert stats == pytest.approx(recorded_server(0))
+    recorded = recorded_server(0)
+    assert {k: stats[k] for k in recorded} == pytest.approx(recorded)
     assert stats["prefix_cache_hit_rate"] == pytest.approx((128912 - 736) / (145738 - 1844))
     assert stats["spec_acceptance_rate"] is None and stats["preemptions"] == 0.0
+    assert stats["spec_draft_share"] is None  # no speculation: no spec-decode series at all
 
 
 def test_vllm_ngram_that_never_drafted_has_no_acceptance() -> None:
@@ -72,8 +74,25 @@ def test_vllm_ngram_that_never_drafted_has_no_acceptance() -> None:
     assert any(k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total") for k in last)
     stats = VllmAdapter().server_stats(first, last)
     assert stats["spec_acceptance_rate"] is None and stats["spec_mean_accept_len"] is None
+    assert stats["spec_draft_share"] == 0.0  # it speculated, and proposed in no step
     assert 0.8 < stats["prefix_cache_hit_rate"] < 0.95  # type: ignore[operator]
     assert recorded_server(10)["spec_acceptance_rate"] is None
+
+
+def test_vllm_ngram_drafts_in_a_share_of_its_decode_steps_that_its_counters_alone_hide() -> None:
+    """The CPU build, n-gram at K=4 under the rag preset (captures/vllm-0.32-cpu/metrics-ngram-k4-*):
+    the counters' acceptance is that of the steps that proposed; the share says how many did."""
+    folder = ROOT / "tests" / "data" / "captures" / "vllm-0.32-cpu"
+    first, last = (parse_prometheus((folder / f"metrics-ngram-k4-{w}.prom").read_text()) for w in ("first", "last"))
+    stats = VllmAdapter().server_stats(first, last)
+    delta = {n: metric_total(last, f"vllm:{n}") - metric_total(first, f"vllm:{n}") for n in (
+        "spec_decode_num_drafts_total", "generation_tokens_total", "spec_decode_num_accepted_tokens_total",
+        "request_success_total")}  # fmt: skip
+    steps = delta["generation_tokens_total"] - delta["spec_decode_num_accepted_tokens_total"]
+    steps -= delta["request_success_total"]  # each request's first token came from its prefill
+    assert stats["spec_draft_share"] == pytest.approx(delta["spec_decode_num_drafts_total"] / steps)
+    assert 0.0 < stats["spec_draft_share"] < 0.5  # type: ignore[operator]
+    assert stats["spec_acceptance_rate"] is not None and stats["spec_mean_accept_len"] > 2.0  # type: ignore[operator]
 
 
 def test_sglang_standalone_draft_acceptance_from_real_gauges() -> None:

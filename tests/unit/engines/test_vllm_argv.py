@@ -319,9 +319,11 @@ def test_server_stats_without_speculation_or_prefix_cache() -> None:
     assert stats["spec_mean_accept_len"] is None
     assert stats["prefix_cache_hit_rate"] is None
     assert stats["server_ttft_mean_ms"] == pytest.approx(100.0)  # sum 1.0 -> 2.0 s over count 10 -> 20
+    assert stats["spec_draft_share"] is None
     assert set(stats) == {
         "spec_acceptance_rate",
         "spec_mean_accept_len",
+        "spec_draft_share",
         "preemptions",
         "prefix_cache_hit_rate",
         "server_ttft_mean_ms",

@@ -127,6 +127,17 @@ def test_speculation_emits_the_accepted_run_and_the_bonus_token() -> None:
     assert acceptance_of((0.5 + 0.25) / 2, 2) == pytest.approx(0.5, abs=1e-6)
 
 
+@pytest.mark.parametrize(("share", "done"), [(1.0, 4.0), (0.5, 5.0), (0.0, 9.0)])
+def test_a_lookup_that_proposes_in_a_share_of_its_steps_emits_one_token_in_the_others(
+    share: float, done: float
+) -> None:
+    """K=2 at acceptance 1: a proposing step emits 3 tokens, any other 1. Nine tokens: the first from
+    the prefill, then 3+3+3 (every step proposes), 1+3+1+3 (every other one), or eight single ones."""
+    spec = Speculation("ngram", 2, 1.0, share=share)
+    line = simulate([Work(0.0, 10, 9)], Limits(None, None, None), np.concatenate([UNIT, [0.0, 0.0]]), spec)[0]
+    assert line.first_s == 1.0 and line.done_s == done
+
+
 def test_nnls_keeps_every_cost_non_negative() -> None:
     a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     assert nnls(a, np.array([3.0, 2.0, 1.0])) == pytest.approx([2.0, 0.0], abs=1e-9)
@@ -231,11 +242,13 @@ SHAPES = [Shape(random.Random(i).randint(200, 600), 32) for i in range(24)]
 
 
 def _truth(costs: tuple[float, ...] = tuple(TRUE), drafts: dict[str, tuple[float, float]] | None = None,
-           acceptance: dict[str, float] | None = None) -> EngineModel:  # fmt: skip
+           acceptance: dict[str, float] | None = None,
+           shares: dict[str, float] | None = None) -> EngineModel:  # fmt: skip
     """A model that knows the synthetic engine's true costs: its predictions are the engine's capacities."""
     fit = Fit(costs, drafts or {}, OVERHEAD)
     requests = StudyRequests(SHAPES)
-    return EngineModel({"vllm": VllmAdapter()}, CPU, PLAN, requests, {"vllm": fit}, {"vllm": acceptance or {}}, 0.0, 1)
+    return EngineModel({"vllm": VllmAdapter()}, CPU, PLAN, requests, {"vllm": fit}, {"vllm": acceptance or {}}, 0.0, 1,
+                       shares={"vllm": shares or {}})  # fmt: skip
 
 
 def _served(truth: EngineModel, params: dict[str, object]) -> Served:
@@ -245,13 +258,18 @@ def _served(truth: EngineModel, params: dict[str, object]) -> Served:
     limits = Limits(scheduler.token_budget, scheduler.max_seqs, None)
     k = int(params.get("num_speculative_tokens") or 0)  # type: ignore[call-overload]
     proposer = proposer_of(params) or ""
-    spec = Speculation(proposer, k, truth.acceptance["vllm"][proposer]) if k else None
+    share = truth.shares["vllm"].get(proposer)
+    spec = Speculation(proposer, k, truth.acceptance["vllm"][proposer], share=share or 1.0) if k else None
     theta = truth.fits["vllm"].theta(spec)
     assert theta is not None
     steps = []
     for rate in (0.5, 1.0, 2.0, 4.0):
         rows = truth.step_rows(rate, limits, theta, spec, OVERHEAD)
-        server = {"spec_acceptance_rate": (sum(spec.accept**i for i in range(1, k + 1)) / k)} if spec else {}
+        server: dict[str, float] = {}
+        if spec:
+            server["spec_acceptance_rate"] = sum(spec.accept**i for i in range(1, k + 1)) / k
+            if share is not None:
+                server["spec_draft_share"] = share
         steps.append(Measured(rate, rows, [], max(r["done_s"] for r in rows), server))
     return Served("vllm", params, None, tuple(steps))
 
@@ -287,6 +305,23 @@ def test_a_closed_loop_drive_of_a_config_never_booted_is_predicted_from_capacity
             assert ours[-2] == pytest.approx(theirs[-2], rel=0.10)  # the p95 of 40
     assert model.drive_rows("vllm", {**spec, "draft_model": "other"}, None, 40, 4) is None
     assert model.drive_rows("sglang", {}, None, 40, 4) is None
+
+
+def test_a_lookup_that_proposes_in_few_steps_is_learned_from_its_share_not_its_acceptance_alone() -> None:
+    """n-gram lookup on an engine where it proposes in a fifth of the decode steps, accepted well where it
+    does: the model learns the share and predicts a K it never ran near the truth; told only the
+    acceptance (as vLLM's draft counters alone say it), it predicts far more."""
+    truth = _truth(drafts={"ngram": (0.001, 1e-5)}, acceptance={"ngram": 0.9}, shares={"ngram": 0.2})
+    ngram = {"max_num_seqs": 4, "num_speculative_tokens": 2, "spec_method": "ngram"}
+    served = [_served(truth, {"max_num_seqs": 4}), _served(truth, ngram)]
+    model = EngineModel.fit(served, {"vllm": VllmAdapter()}, CPU, PLAN, SHAPES)
+    assert model.shares["vllm"]["ngram"] == pytest.approx(0.2)
+    unseen = {**ngram, "num_speculative_tokens": 4}
+    real, predicted = truth.predict("vllm", unseen, None), model.predict("vllm", unseen, None)
+    blind = replace(model, shares={})
+    for tier in PLAN.scored:
+        assert predicted[tier].capacity_req_s == pytest.approx(real[tier].capacity_req_s, rel=0.10)
+        assert (blind.predict("vllm", unseen, None)[tier].capacity_req_s or 0) > 1.15 * (real[tier].capacity_req_s or 0)
 
 
 def test_a_draft_never_booted_is_a_range_and_a_booted_one_is_learned_for_every_k() -> None:

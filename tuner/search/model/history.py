@@ -75,14 +75,15 @@ def _request_id(row: Mapping[str, Any]) -> str:
     return str(row.get("request_id") or "").split("~")[0]
 
 
-def speculation(params: Mapping[str, Any], accept: float) -> Speculation | None:
-    """The config's speculation at per-position acceptance ``accept`` (None: it does not speculate)."""
+def speculation(params: Mapping[str, Any], accept: float, share: float = 1.0) -> Speculation | None:
+    """The config's speculation at per-position acceptance ``accept`` in the ``share`` of decode steps
+    that propose (None: it does not speculate)."""
     k = int(params.get("num_speculative_tokens") or 0)
     if k <= 0:
         return None
     draft = proposer_of(params) or ""
     schedule = tuple((int(a), int(b), int(c)) for a, b, c in params.get("spec_schedule") or ())
-    return Speculation(draft, k, accept, schedule)
+    return Speculation(draft, k, accept, schedule, share)
 
 
 def limits_of(params: Mapping[str, Any], adapter: EngineAdapter, device: Device, kv_tokens: int | None) -> Limits:
@@ -93,6 +94,13 @@ def limits_of(params: Mapping[str, Any], adapter: EngineAdapter, device: Device,
 def hit_rate(step: Measured) -> float:
     value = step.server.get("prefix_cache_hit_rate")
     return float(value) if isinstance(value, int | float) and 0.0 <= value <= 1.0 else 0.0
+
+
+def step_share(step: Measured) -> float | None:
+    """The share of the step's decode steps that proposed, where the engine's counters say
+    (``spec_draft_share``; a model-free lookup proposes only where it finds a match)."""
+    value = step.server.get("spec_draft_share")
+    return float(value) if isinstance(value, int | float) and 0.0 <= value <= 1.0 else None
 
 
 def step_acceptance(step: Measured, k: int) -> float | None:
@@ -126,9 +134,11 @@ def step_works(rows: Sequence[Mapping[str, Any]], hit: float) -> list[Work]:
     ]
 
 
-def observed(served: Served, adapter: EngineAdapter, device: Device, accept: float) -> list[ObservedStep]:
+def observed(
+    served: Served, adapter: EngineAdapter, device: Device, accept: float, share: float = 1.0
+) -> list[ObservedStep]:
     """The fit's view of a trial's steps (those the monitor did not cut), at most ``MAX_STEPS_PER_TRIAL``
-    spread over its rates; ``accept`` where a step's counters say nothing of the acceptance."""
+    spread over its rates; ``accept`` and ``share`` where a step's counters say nothing of them."""
     limits = limits_of(served.params, adapter, device, served.kv_tokens)
     usable = sorted((s for s in served.steps if not s.aborted and s.rows), key=lambda s: s.rate_req_s)
     if len(usable) > MAX_STEPS_PER_TRIAL:
@@ -137,7 +147,10 @@ def observed(served: Served, adapter: EngineAdapter, device: Device, accept: flo
     out = []
     k = int(served.params.get("num_speculative_tokens") or 0)
     for step in usable:
-        spec = speculation(served.params, step_acceptance(step, k) or accept)
+        measured = step_acceptance(step, k)
+        proposing = step_share(step)
+        spec = speculation(served.params, accept if measured is None else measured,
+                           share if proposing is None else proposing)  # fmt: skip
         out.append(_observed_step(step, limits, spec))
     return out
 
@@ -154,6 +167,19 @@ def _observed_step(step: Measured, limits: Limits, spec: Speculation | None) -> 
         firsts.append(float(r["first_s"]) if ok else None)
         dones.append(float(r["done_s"]) if ok else None)
     return ObservedStep(limits, spec, tuple(works), tuple(firsts), tuple(dones))
+
+
+def draft_share(served: Sequence[Served], engine: str) -> dict[str, float]:
+    """Per draft, the share of decode steps that proposed (the median over the steps whose counters
+    say): like its acceptance, a fact of target, draft and workload on this engine."""
+    seen: dict[str, list[float]] = {}
+    for s in served:
+        if s.engine != engine or int(s.params.get("num_speculative_tokens") or 0) <= 0:
+            continue
+        for step in s.steps:
+            if (share := step_share(step)) is not None:
+                seen.setdefault(proposer_of(s.params) or "", []).append(share)
+    return {draft: statistics.median(values) for draft, values in seen.items()}
 
 
 def draft_acceptance(served: Sequence[Served], engine: str) -> dict[str, float]:

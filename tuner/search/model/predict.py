@@ -48,6 +48,7 @@ from tuner.search.model.fit import Fit, fit_costs
 from tuner.search.model.history import (
     Served,
     draft_acceptance,
+    draft_share,
     hit_rate,
     limits_of,
     observed,
@@ -103,6 +104,8 @@ class EngineModel:
     # a predicted capacity is a pass that held for a step's whole length, as a capacity search claims
     # one; False: a pass a look decided early stands, as on a fixed ladder of steps
     hold: bool = True
+    # per engine and draft, the share of decode steps that proposed, where the counters said (else 1)
+    shares: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def fit(
@@ -112,15 +115,17 @@ class EngineModel:
         """Fit every engine ``served`` holds (``start``: an earlier model's fits, to start from;
         ``requests``: the study's requests, or their shapes alone, sent again in order where a step
         needs more)."""
-        fits, acceptance, plain = {}, {}, {}
+        fits, acceptance, plain, shares = {}, {}, {}, {}
         for engine in sorted({s.engine for s in served}):
             mine = [s for s in served if s.engine == engine]
             plain[engine] = any(speculation(s.params, 0.0) is None for s in mine)
             acceptance[engine] = draft_acceptance(mine, engine)
+            shares[engine] = draft_share(mine, engine)
             steps = []
             for s in mine:
-                accept = acceptance[engine].get(proposer_of(s.params) or "", NO_ACCEPTANCE)
-                steps += observed(s, adapters[engine], device, accept)
+                proposer = proposer_of(s.params) or ""
+                accept = acceptance[engine].get(proposer, NO_ACCEPTANCE)
+                steps += observed(s, adapters[engine], device, accept, shares[engine].get(proposer, 1.0))
             fitted = fit_costs(steps, start=(start or {}).get(engine))
             if fitted is not None:
                 fits[engine] = fitted
@@ -132,7 +137,7 @@ class EngineModel:
                 pooled.setdefault(draft, []).append(value)
         shared = {draft: float(np.median(values)) for draft, values in pooled.items()}
         study = requests if isinstance(requests, StudyRequests) else StudyRequests(requests)
-        return cls(adapters, device, plan, study, fits, acceptance, hit, len(served), plain, shared, hold)
+        return cls(adapters, device, plan, study, fits, acceptance, hit, len(served), plain, shared, hold, shares)
 
     def predict(self, engine: str, params: Mapping[str, Any], kv_tokens: int | None) -> dict[str, Prediction]:
         """Every scored tier's predicted capacity for a config of ``engine`` with ``params`` and a KV
@@ -146,7 +151,7 @@ class EngineModel:
         spec = speculation(params, 0.0)
         known = self.acceptance.get(engine, {})
         if spec is None or (spec.draft in known and fit.theta(spec) is not None):
-            spec = None if spec is None else replace(spec, accept=known[spec.draft])
+            spec = None if spec is None else replace(spec, accept=known[spec.draft], share=self._share(engine, spec))
             theta = fit.theta(spec)
             assert theta is not None
             capacities = self._capacities(limits, theta, spec, fit.overhead_s)
@@ -185,7 +190,7 @@ class EngineModel:
             accept = self.acceptance.get(engine, {}).get(spec.draft)
             if accept is None or fit.theta(spec) is None:
                 return None
-            spec = replace(spec, accept=accept)
+            spec = replace(spec, accept=accept, share=self._share(engine, spec))
         theta = fit.theta(spec)
         assert theta is not None
         shapes = self.requests.first(n)
@@ -198,6 +203,10 @@ class EngineModel:
             row["first_s"] = None if line.first_s is None else line.first_s + fit.overhead_s
             row["done_s"] = None if line.done_s is None else line.done_s + fit.overhead_s
         return rows
+
+    def _share(self, engine: str, spec: Speculation) -> float:
+        """The share of decode steps the draft proposes in on ``engine``: as its steps showed, else every step."""
+        return self.shares.get(engine, {}).get(spec.draft, 1.0)
 
     def _capacities(
         self, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float

@@ -82,6 +82,9 @@ class Speculation:
     k: int
     accept: float
     schedule: tuple[tuple[int, int, int], ...] = ()
+    # the share of a request's decode steps that propose: a model-free lookup proposes only where it
+    # finds a match (vLLM's ``spec_draft_share``); ``accept`` is the acceptance in the steps that do
+    share: float = 1.0
 
     def k_at(self, batch: int) -> int:
         for first, last, k in self.schedule:
@@ -132,6 +135,15 @@ class _Request:
     kv: int = 0  # tokens held in the KV pool
     started: bool = False  # has its first token
     looked_up: bool = False  # its prefix-cache hits are counted
+    credit: float = 0.0  # proposals owed: a decode step proposes each time it reaches one (``Speculation.share``)
+
+    def proposes(self, share: float) -> bool:
+        """Whether this decode step proposes: spread evenly over the request's steps, ``share`` of them."""
+        self.credit += share
+        if self.credit >= 1.0 - 1e-9:
+            self.credit -= 1.0
+            return True
+        return False
 
 
 def _blocks(tokens: int) -> int:
@@ -205,7 +217,10 @@ def simulate(
             if limits.prefill_first and prefill != prefilling:
                 index += 1  # a decode waits for a prefill iteration to end, and the other way round
                 continue
-            want = req.to_compute - req.computed if prefill else 1 + k_now
+            if prefill:
+                want = req.to_compute - req.computed
+            else:
+                want = 1 + (k_now if spec is not None and req.proposes(spec.share) else 0)
             n = int(min(want, budget))
             need = _blocks(req.kv + n) - _blocks(req.kv)
             while used + need > pool and running:
