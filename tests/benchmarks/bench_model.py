@@ -42,6 +42,7 @@ import optuna
 from tests.benchmarks import _report, _table, bench_search, model_diagnosis
 from tests.benchmarks.stamp import stamp_line
 from tuner.engines.base import Device
+from tuner.engines.speculation import proposer_of
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.search.memory import parse_facts
@@ -61,7 +62,9 @@ SEARCH_SAMPLERS = ("model", "tpe (tuner default)", "random", "grid")
 # What a closed-loop drive scores (``tuner.search.pruning.running_values``: the objectives other than
 # capacity), predicted on the latency table
 DRIVE_METRICS = ("ttft_p95_ms", "output_throughput_tok_s", "goodput_req_s")
-LATENCY = "latency"  # --grid latency: the latency table (``_table.TABLE``), closed-loop drives
+# --grid latency: the latency table (``_table.TABLE``), closed-loop drives; latency-ngram: the small table
+# measured with the share of decode steps that proposed (``grid-cpu-ngram.yaml``)
+LATENCY_TABLES = {"latency": _table.TABLE, "latency-ngram": _table.TABLE.with_name("grid_vllm_cpu_rag_ngram.json")}
 MD_PATH = _report.REPORTS / "search.md"
 JSON_PATH = _report.REPORTS / "search_model.json"
 
@@ -396,19 +399,19 @@ def main() -> None:
     parser.add_argument("--skip-search", action="store_true", help="the prediction section alone")
     parser.add_argument("--search-only", action="store_true",
                         help="the search alone, beside the grid's prediction its last run stored")  # fmt: skip
-    parser.add_argument("--grid", choices=[*sorted(_table.CAPACITY_GRIDS), LATENCY], default="light")
+    parser.add_argument("--grid", choices=[*sorted(_table.CAPACITY_GRIDS), *LATENCY_TABLES], default="light")
     parser.add_argument("--render-only", action="store_true", help="re-render the grid's sections from the JSON")
     args = parser.parse_args()
     name = "model" if args.grid == "light" else f"model-{args.grid}"
-    draw = render_drives if args.grid == LATENCY else render
+    draw = render_drives if args.grid in LATENCY_TABLES else render
     if args.render_only:  # the stored run's own stamp stays: a re-render is not a run
         stored = json.loads(JSON_PATH.read_text())[name]
         _report.write_section(name, draw(stored), stored, MD_PATH, JSON_PATH)
         return
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    if args.grid == LATENCY:
-        data = {"stamp": started, "grid": LATENCY, **predict_drives(_table.load())}
+    if args.grid in LATENCY_TABLES:
+        data = {"stamp": started, "grid": args.grid, **predict_drives(_table.load(LATENCY_TABLES[args.grid]))}
         _report.write_section(name, render_drives(data), data, MD_PATH, JSON_PATH)
         print(render_drives(data))
         return
@@ -469,13 +472,23 @@ def drives_served(table: dict[str, Any], requests: StudyRequests) -> dict[str, S
     return out
 
 
+def drive_requests(table: dict[str, Any]) -> StudyRequests:
+    """A latency table's requests: the first table's from the prefixes file, a later one's rebuilt by
+    today's preset (each checked against the digest the table recorded)."""
+    if table["workload"]["digest"] == json.loads(PREFIXES.read_text())["digest"]:
+        return light_requests()
+    model = _table.models(table)
+    workload = resolve_workload(SearchOptions(workload=table["workload"]["name"]), model)
+    if workload.digest() != table["workload"]["digest"]:
+        raise SystemExit("bench_model: the table's workload is neither the prefixes file's nor today's preset")
+    return StudyRequests.of_workload(workload.requests, workload.grow, load_tokenizer(Path(model.path)))
+
+
 def predict_drives(table: dict[str, Any]) -> dict[str, Any]:
     """Leave one config out over the latency table: fitted on every other config's drive, the model
     predicts this config's drive (``EngineModel.drive_rows``: the same requests, the same clients) and
     both are scored as the objectives score a drive, under the search benchmark's SLO."""
-    requests = light_requests()
-    if json.loads(PREFIXES.read_text())["digest"] != table["workload"]["digest"]:
-        raise SystemExit("bench_model --grid latency: the table's workload is not the prefixes file's")
+    requests = drive_requests(table)
     served = drives_served(table, requests)
     n, clients = int(table["workload"]["requests"]), int(table["workload"]["concurrency"])
     plan = _table.plan_of(_table.load_capacity(), TIERS)  # the model's capacity plan, unused by a drive
@@ -492,6 +505,12 @@ def predict_drives(table: dict[str, Any]) -> dict[str, Any]:
         predicted = _table.trial_metrics(drive, bench_search.SLO) if drive else {}
         rows.append({"config": k, **{f"{m}_measured": measured[m] for m in DRIVE_METRICS},
                      **{f"{m}_predicted": predicted.get(m) for m in DRIVE_METRICS}})  # fmt: skip
+        share = model.shares.get("vllm", {}).get(proposer_of(s.params) or "")
+        if share is not None:  # the same prediction with every step proposing, as before the share
+            blind = replace(model, shares={}).drive_rows("vllm", s.params, s.kv_tokens, n, clients)
+            rows[-1]["share"] = share
+            every = _table.trial_metrics(blind, bench_search.SLO) if blind else {}
+            rows[-1]["output_throughput_tok_s_every_step"] = every.get("output_throughput_tok_s")
         print(f"drive {k}: " + ", ".join(f"{m} {predicted.get(m, math.nan):.3g} vs {measured[m]:.3g}"
                                          for m in DRIVE_METRICS), flush=True)  # fmt: skip
     summary = {}
@@ -508,6 +527,7 @@ def predict_drives(table: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "summary": summary, "fit": full.fits["vllm"].as_dict(), "fit_s": round(fit_s, 1),
             "hit_rate": full.hit, "acceptance": full.acceptance.get("vllm", {}), "clients": clients,
             "requests": n, "measured": table["machine"]["date_utc"], "served": len(served),
+            "space": table.get("what", "grid-cpu.yaml").split("search_spaces/")[-1].split(",")[0],
             "size": len(table["points"])}  # fmt: skip
 
 
@@ -540,6 +560,27 @@ def _twins(rows: list[dict[str, Any]], metric: str) -> list[str]:
     return [str(len(logs)), f"{within}/{len(logs)}", f"{statistics.median(logs):.2f}" if logs else "n/a"]
 
 
+def _share_lines(data: dict[str, Any]) -> list[str]:
+    """The n-gram table: each speculative config's throughput predicted with the share of decode steps
+    its proposer proposed in (learned from the other configs), and with every step proposing."""
+    rows = [r for r in data["rows"] if "share" in r]
+    table = [[r["config"], f"{r['share']:.2f}", f"{r['output_throughput_tok_s_measured']:.0f}",
+              f"{(r['output_throughput_tok_s_predicted'] or 0):.0f}",
+              f"{(r['output_throughput_tok_s_every_step'] or 0):.0f}"] for r in rows]  # fmt: skip
+    errors = {key: [abs(math.log((r[key] or 1e-9) / r["output_throughput_tok_s_measured"])) for r in rows]
+              for key in ("output_throughput_tok_s_predicted", "output_throughput_tok_s_every_step")}  # fmt: skip
+    med = {key: math.expm1(statistics.median(v)) if v else math.nan for key, v in errors.items()}
+    return [
+        "The share of decode steps that proposed (`spec_draft_share`, recorded by the vLLM adapter) changes "
+        "what the model predicts for each speculative config: output throughput (tok/s) measured, predicted "
+        "with the proposer's share as the other configs showed it, and predicted as before the share, every "
+        f"step proposing. Median error {_pct(med['output_throughput_tok_s_predicted'], '')} with the share, "
+        f"{_pct(med['output_throughput_tok_s_every_step'], '')} without.", "",
+        _report.table(["config", "share (the others')", "measured", "predicted", "every step proposing"], table),
+        "", _fit_line(data, "drives'"), "",
+    ]  # fmt: skip
+
+
 def render_drives(data: dict[str, Any]) -> str:
     fit = data["fit"]
     labels = {"ttft_p95_ms": "TTFT p95", "output_throughput_tok_s": "output throughput",
@@ -547,10 +588,14 @@ def render_drives(data: dict[str, Any]) -> str:
     slo = ", ".join(f"{k} <= {v:g}" for k, v in bench_search.SLO.items())
     worst = sorted(data["rows"], key=lambda r: -abs(math.log(max(r["ttft_p95_ms_predicted"] or 1e-9, 1e-9)
                                                              / max(r["ttft_p95_ms_measured"], 1e-9))))[:3]  # fmt: skip
+    grid = data.get("grid", "latency")
+    first = grid == "latency"
+    title = "the latency table" if first else "the n-gram table"
     lines = [
-        f"## The performance model on the latency table: closed-loop drives (`tests/benchmarks/bench_model.py "
-        f"--grid {LATENCY}`)", "",
-        f"The table `tests/benchmarks/data/{_table.TABLE.name}` (`grid-cpu.yaml`, measured {data['measured']}; "
+        f"## The performance model on {title}: closed-loop drives (`tests/benchmarks/bench_model.py "
+        f"--grid {grid}`)", "",
+        f"The table `tests/benchmarks/data/{LATENCY_TABLES[grid].name}` (`{data.get('space', 'grid-cpu.yaml')}`, "
+        f"measured {data['measured']}; "
         f"{data['served']} of {data['size']} configs served): every config driven once closed loop, "
         f"{data['clients']} clients sending the rag preset's {data['requests']} requests in turn, as the objectives "
         "other than capacity (goodput, throughput, pareto) measure a trial. Leave one config out: the model is "
@@ -563,6 +608,11 @@ def render_drives(data: dict[str, Any]) -> str:
                       [[labels[m], f"{v['within']}/{v['configs']}", f"{v['predicted']}/{v['configs']}",
                         _pct(v["median_error"]), _pct(v["median_abs_error"], ""), f"{v['spearman']:.2f}"]
                        for m, v in data["summary"].items()]), "",
+    ]  # fmt: skip
+    if not first:
+        lines += _share_lines(data)
+        return "\n".join(lines) + "\n"
+    lines += [
         "The table's own noise: each config was driven once, for about three seconds, and a TTFT p95 of 40 "
         "requests is their second slowest. Configs that differ only in the chunk (1024 or 2048, both above "
         "every prompt of the preset) or only in the memory fraction (0.6 or 0.95) measured:", "",
