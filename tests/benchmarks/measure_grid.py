@@ -25,17 +25,18 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import optuna
 
 from tests.benchmarks import _report
 from tests.benchmarks._table import grid_offers
-from tuner.engines.base import Config
 from tuner.measure.stress import VERSION as STRESS_VERSION
 from tuner.measure.trial import TrialContext, run_trial
 from tuner.progress import Progress
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.run import SearchOptions, detect_device, resolve_engines, resolve_models, resolve_workload
-from tuner.search.space import load_space
+from tuner.search.space import load_space, suggest
 
 SPACE = _report.ROOT / "search_spaces" / "grid-cpu.yaml"
 OUT = _report.ROOT / "tests" / "benchmarks" / "data" / "grid_vllm_cpu_rag.json"
@@ -93,9 +94,11 @@ def measure(out: Path, limit: int | None, space_path: Path = SPACE) -> None:
     points = shuffled(grid_points(space, grid_offers(space, model)), seed=0) + [{"engine": "vllm"}]
     todo = [p for p in points if not _current(data["points"].get(_key(p)))][:limit]
     progress.line(f"grid: {len(points)} configs, {len(data['points'])} done, {len(todo)} to measure now")
+    offers = grid_offers(space, model)
     for i, point in enumerate(todo):
-        params = {k.split(".", 1)[1]: v for k, v in point.items() if k != "engine"}
-        config = Config("vllm", params, enforce_eager=space.static.enforce_eager, is_default=not params)
+        # a point becomes a config as a trial's params do (``suggest`` on a fixed trial: a draft under its method)
+        config = suggest(cast(optuna.Trial, optuna.trial.FixedTrial(point)), space, offers, point == {"engine": "vllm"})
+        params = dict(config.params)
         started, load = time.time(), os.getloadavg()[0]
         result = run_trial(i, config, ctx, stress=True)
         data["points"][_key(point)] = {
