@@ -567,15 +567,20 @@ def _share_lines(data: dict[str, Any]) -> list[str]:
     table = [[r["config"], f"{r['share']:.2f}", f"{r['output_throughput_tok_s_measured']:.0f}",
               f"{(r['output_throughput_tok_s_predicted'] or 0):.0f}",
               f"{(r['output_throughput_tok_s_every_step'] or 0):.0f}"] for r in rows]  # fmt: skip
-    errors = {key: [abs(math.log((r[key] or 1e-9) / r["output_throughput_tok_s_measured"])) for r in rows]
+    lookups = [r for r in rows if r["share"] < 1.0]  # where the share changes the prediction
+    errors = {key: [abs(math.log((r[key] or 1e-9) / r["output_throughput_tok_s_measured"])) for r in lookups]
               for key in ("output_throughput_tok_s_predicted", "output_throughput_tok_s_every_step")}  # fmt: skip
     med = {key: math.expm1(statistics.median(v)) if v else math.nan for key, v in errors.items()}
+    drafted = sorted({round(r["share"], 3) for r in rows if r not in lookups})
     return [
         "The share of decode steps that proposed (`spec_draft_share`, recorded by the vLLM adapter) changes "
         "what the model predicts for each speculative config: output throughput (tok/s) measured, predicted "
         "with the proposer's share as the other configs showed it, and predicted as before the share, every "
-        f"step proposing. Median error {_pct(med['output_throughput_tok_s_predicted'], '')} with the share, "
-        f"{_pct(med['output_throughput_tok_s_every_step'], '')} without.", "",
+        f"step proposing. Over the {len(lookups)} configs whose proposer proposed in fewer than every step, the "
+        f"median error of the throughput is {_pct(med['output_throughput_tok_s_predicted'], '')} with the share "
+        f"and {_pct(med['output_throughput_tok_s_every_step'], '')} without. A draft model proposes in every "
+        f"step, and its configs' recorded share is {', '.join(f'{x:g}' for x in drafted) or 'none'}: a check of "
+        "how the adapter counts decode steps.", "",
         _report.table(["config", "share (the others')", "measured", "predicted", "every step proposing"], table),
         "", _fit_line(data, "drives'"), "",
     ]  # fmt: skip
@@ -632,7 +637,8 @@ def render_drives(data: dict[str, Any]) -> str:
         "(`spec_draft_share`, from `vllm:generation_tokens_total` beside the draft counters) and the model "
         "learns it per draft, as it learns acceptance; this table predates it, so here every step proposes. "
         "On a real CPU server under today's rag preset, n-gram at K=4 proposed in about one decode step in "
-        "eleven (`tests/data/captures/vllm-0.32-cpu/metrics-ngram-k4-*.prom`).",
+        "eleven (`tests/data/captures/vllm-0.32-cpu/metrics-ngram-k4-*.prom`); what the share does to the "
+        "model's n-gram predictions, on a table that recorded it, is the n-gram table's section.",
         f"- Four sequences against two: the fit gives tokens {fit['target']['token']:.3g} s and sequences "
         f"{fit['target']['sequence']:.3g} s, so a batch of four costs the model what a batch of two does; "
         f"the fixed per-request {1000 * fit['overhead_s']:.0f} ms and the attention term carry the prompts "
