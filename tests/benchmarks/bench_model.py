@@ -551,7 +551,7 @@ def _families(rows: list[dict[str, Any]]) -> list[list[str]]:
         p, predicted = json.loads(r["config"]), r["output_throughput_tok_s_predicted"]
         if predicted is None or not r["output_throughput_tok_s_measured"]:
             continue
-        proposer = str(p.get("draft_model")) if p.get("num_speculative_tokens") else "none"
+        proposer = proposer_of(p) or "none"
         key = (proposer, str(p.get("max_num_seqs", "default")))
         ratios.setdefault(key, []).append(predicted / r["output_throughput_tok_s_measured"])
     return [[proposer, seqs, str(len(v)), f"{statistics.median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}"]

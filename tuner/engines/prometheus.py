@@ -32,6 +32,11 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return samples
 
 
+def has_metric(samples: Mapping[str, float], name: str) -> bool:
+    """Whether metric ``name`` is exported at all, under any label set (a counter at 0 is)."""
+    return any(key.partition("{")[0] == name for key in samples)
+
+
 def metric_total(samples: Mapping[str, float], name: str) -> float:
     """Sum of every sample of metric ``name`` across all its label sets."""
     return sum(value for key, value in samples.items() if key.partition("{")[0] == name)

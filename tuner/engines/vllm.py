@@ -65,7 +65,7 @@ from tuner.engines.base import (
     SchedulerLimits,
     rows_from_lists,
 )
-from tuner.engines.prometheus import histogram_mean_delta, metric_total
+from tuner.engines.prometheus import has_metric, histogram_mean_delta, metric_total
 from tuner.engines.speculation import OFF, WITH_DRAFT, SpecSupport, draft_of, method_of
 from tuner.engines.versions import matches
 
@@ -270,7 +270,7 @@ class VllmAdapter(EngineAdapter):
         # (Scheduler.make_spec_decoding_stats), so a model-free lookup's steps without a match are in
         # none of the counters above. Its decode steps: every generated token but each request's first
         # (from its prefill) and the accepted ones, which came in the step of their draft.
-        speculating = any(k.partition("{")[0] == "vllm:spec_decode_num_drafts_total" for k in after)
+        speculating = has_metric(after, "vllm:spec_decode_num_drafts_total")
         decode_steps = delta("vllm:generation_tokens_total") - accepted - delta("vllm:request_success_total")
         share = _ratio(drafts, decode_steps) if speculating else None
         return {

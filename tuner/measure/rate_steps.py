@@ -36,7 +36,7 @@ from tuner.client.driver import drive
 from tuner.client.sse import RequestRecord
 from tuner.client.transport import StreamTransport
 from tuner.engines.base import EngineAdapter
-from tuner.engines.prometheus import metric_total
+from tuner.engines.prometheus import has_metric, metric_total
 from tuner.measure.capacity import (
     ATTAINMENT_TARGET,
     CONFIDENCE,
@@ -438,7 +438,7 @@ def measure_step(
 
         def sample(now: float) -> None:
             samples = scrape_metrics(client, base_url)
-            if gauge is not None and gauge in {key.partition("{")[0] for key in samples}:
+            if gauge is not None and has_metric(samples, gauge):
                 watch.queue.append((now, metric_total(samples, gauge)))
 
         before = scrape_metrics(client, base_url)

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from tuner.engines.base import BenchRows, EngineAdapter
-from tuner.engines.prometheus import metric_total
+from tuner.engines.prometheus import has_metric, metric_total
 from tuner.errors import EngineError, WorkloadError
 from tuner.measure.capacity import STEADY_TRIM, Step, growing, summarize_step
 from tuner.measure.metrics import scrape_metrics
@@ -179,7 +179,7 @@ class QueueWatch:
         with httpx.Client(timeout=5.0) as client:
             while not self._stop.is_set():
                 samples = scrape_metrics(client, self.url)
-                if self.gauge in {key.partition("{")[0] for key in samples}:
+                if has_metric(samples, self.gauge):
                     self.samples.append((time.monotonic(), metric_total(samples, self.gauge)))
                 self._stop.wait(self.every_s)
 

@@ -11,7 +11,7 @@ showed, and each request's prompt less the share its prefix-cache hits spared.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -172,25 +172,26 @@ def _observed_step(step: Measured, limits: Limits, spec: Speculation | None) -> 
 def draft_share(served: Sequence[Served], engine: str) -> dict[str, float]:
     """Per draft, the share of decode steps that proposed (the median over the steps whose counters
     say): like its acceptance, a fact of target, draft and workload on this engine."""
-    seen: dict[str, list[float]] = {}
-    for s in served:
-        if s.engine != engine or int(s.params.get("num_speculative_tokens") or 0) <= 0:
-            continue
-        for step in s.steps:
-            if (share := step_share(step)) is not None:
-                seen.setdefault(proposer_of(s.params) or "", []).append(share)
-    return {draft: statistics.median(values) for draft, values in seen.items()}
+    return _per_proposer(served, engine, lambda step, _k: step_share(step))
 
 
 def draft_acceptance(served: Sequence[Served], engine: str) -> dict[str, float]:
     """Per draft, the per-position acceptance its steps showed (the median over them): a fact of
     target, draft and workload, which carries over to every K and every chunk size."""
+    return _per_proposer(served, engine, step_acceptance)
+
+
+def _per_proposer(
+    served: Sequence[Served], engine: str, read: Callable[[Measured, int], float | None]
+) -> dict[str, float]:
+    """Per proposer of ``engine``'s speculating trials, the median of what ``read`` finds in each
+    step (given the step and its K), over the steps where it finds something."""
     seen: dict[str, list[float]] = {}
     for s in served:
         k = int(s.params.get("num_speculative_tokens") or 0)
         if s.engine != engine or k <= 0:
             continue
         for step in s.steps:
-            if (a := step_acceptance(step, k)) is not None:
-                seen.setdefault(proposer_of(s.params) or "", []).append(a)
+            if (value := read(step, k)) is not None:
+                seen.setdefault(proposer_of(s.params) or "", []).append(value)
     return {draft: statistics.median(values) for draft, values in seen.items()}

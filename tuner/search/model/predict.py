@@ -150,10 +150,8 @@ class EngineModel:
         limits = limits_of(params, adapter, self.device, kv_tokens)
         spec = speculation(params, 0.0)
         known = self.acceptance.get(engine, {})
-        if spec is None or (spec.draft in known and fit.theta(spec) is not None):
-            spec = None if spec is None else replace(spec, accept=known[spec.draft], share=self._share(engine, spec))
-            theta = fit.theta(spec)
-            assert theta is not None
+        if (measured := self._as_measured(engine, fit, spec)) is not None:
+            spec, theta = measured
             capacities = self._capacities(limits, theta, spec, fit.overhead_s)
             if spec is None and not self.plain.get(engine, True):
                 why = f"{engine} never served without speculation: its target's own costs not told from drafting's"
@@ -183,30 +181,46 @@ class EngineModel:
         A client sends its next request when the simulated server ends one, a transfer
         (``overhead_s``) earlier than the client hears of it."""
         fit = self.fits.get(engine)
-        spec = speculation(params, 0.0)
         if fit is None or not self.requests:
             return None
+        measured = self._as_measured(engine, fit, speculation(params, 0.0))
+        if measured is None:
+            return None
+        spec, theta = measured
+        rows = [{"sent_s": 0.0, "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens,
+                 "blocks": s.blocks, "error": None} for s in self.requests.first(n)]  # fmt: skip
+        limits = limits_of(params, self.adapters[engine], self.device, kv_tokens)
+        return self._served(rows, limits, theta, spec, fit.overhead_s, concurrency=concurrency)
+
+    def _as_measured(
+        self, engine: str, fit: Fit, spec: Speculation | None
+    ) -> tuple[Speculation | None, np.ndarray] | None:
+        """The config's speculation as ``engine``'s steps measured its draft (acceptance, share of
+        proposing steps) and the costs to simulate it with; None where that draft's acceptance or
+        drafting costs were never measured on ``engine``."""
         if spec is not None:
             accept = self.acceptance.get(engine, {}).get(spec.draft)
             if accept is None or fit.theta(spec) is None:
                 return None
-            spec = replace(spec, accept=accept, share=self._share(engine, spec))
+            spec = replace(spec, accept=accept, share=self.shares.get(engine, {}).get(spec.draft, 1.0))
         theta = fit.theta(spec)
         assert theta is not None
-        shapes = self.requests.first(n)
-        rows = [{"sent_s": 0.0, "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens,
-                 "blocks": s.blocks, "error": None} for s in shapes]  # fmt: skip
-        limits = limits_of(params, self.adapters[engine], self.device, kv_tokens)
-        lines = simulate(step_works(rows, self.hit), limits, theta, spec, concurrency=concurrency)
+        return spec, theta
+
+    def _served(
+        self, rows: list[dict[str, Any]], limits: Limits, theta: np.ndarray, spec: Speculation | None,
+        overhead_s: float, waiting: list[tuple[float, int]] | None = None, concurrency: int | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """``rows`` (in send order) served by the simulated scheduler, each given the times a real
+        step records: when it was sent (its own release, or its client's turn in a closed loop), and
+        its first and last token as the client hears them, ``overhead_s`` after the server."""
+        works = step_works(rows, self.hit)
+        lines = simulate(works, limits, theta, spec, waiting_trace=waiting, concurrency=concurrency)
         for row, line in zip(rows, lines, strict=True):
             row["sent_s"] = line.sent_s
-            row["first_s"] = None if line.first_s is None else line.first_s + fit.overhead_s
-            row["done_s"] = None if line.done_s is None else line.done_s + fit.overhead_s
+            row["first_s"] = None if line.first_s is None else line.first_s + overhead_s
+            row["done_s"] = None if line.done_s is None else line.done_s + overhead_s
         return rows
-
-    def _share(self, engine: str, spec: Speculation) -> float:
-        """The share of decode steps the draft proposes in on ``engine``: as its steps showed, else every step."""
-        return self.shares.get(engine, {}).get(spec.draft, 1.0)
 
     def _capacities(
         self, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
@@ -255,11 +269,7 @@ class EngineModel:
         rows = [{"sent_s": float(t or 0.0), "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
                  "blocks": shape.blocks if known else None, "error": None}
                 for t, shape in zip(times, islice(cycle(shapes), n), strict=True)]  # fmt: skip
-        lines = simulate(step_works(rows, self.hit), limits, theta, spec, waiting_trace=waiting)
-        for row, line in zip(rows, lines, strict=True):
-            row["first_s"] = None if line.first_s is None else line.first_s + overhead_s
-            row["done_s"] = None if line.done_s is None else line.done_s + overhead_s
-        return rows
+        return self._served(rows, limits, theta, spec, overhead_s, waiting)
 
 
 def _with_draft(fit: Fit, costs: tuple[float, float]) -> np.ndarray:
