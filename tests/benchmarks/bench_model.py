@@ -88,15 +88,20 @@ def light_requests() -> StudyRequests:
     return StudyRequests(shapes, {str(i): tuple(r["blocks"]) for i, r in enumerate(requests)})
 
 
-def heavy_requests(table: dict[str, Any]) -> StudyRequests:
-    """The heavy table's workload as ``tuner search`` builds it for the sampler (``context_of``),
-    grown to every request its steps sent, and on as a prediction needs."""
+def preset_requests(table: dict[str, Any]) -> StudyRequests:
+    """A table's workload as ``tuner search`` builds it today for the sampler (``context_of``),
+    checked against the digest the table recorded; it grows as a prediction needs."""
     model = _table.models(table)
-    opts = SearchOptions(workload=table["workload"]["name"], objective="capacity")
-    workload = resolve_workload(opts, model)
+    name = table["workload"]["name"]
+    workload = resolve_workload(SearchOptions(workload=name, objective="capacity"), model)
     if workload.digest() != table["workload"]["digest"]:
-        raise SystemExit("bench_model: the rag preset is not the one the heavy table served (its digest differs)")
-    requests = StudyRequests.of_workload(workload.requests, workload.grow, load_tokenizer(Path(model.path)))
+        raise SystemExit(f"bench_model: the {name} preset is not the one the table served (its digest differs)")
+    return StudyRequests.of_workload(workload.requests, workload.grow, load_tokenizer(Path(model.path)))
+
+
+def heavy_requests(table: dict[str, Any]) -> StudyRequests:
+    """The heavy table's workload (``preset_requests``), grown to every request its steps sent."""
+    requests = preset_requests(table)
     requests.cover(str(r["request_id"]) for p in table["points"].values() for m in p["rungs"].values() for r in m.rows)
     return requests
 
@@ -490,11 +495,7 @@ def drive_requests(table: dict[str, Any]) -> StudyRequests:
     today's preset (each checked against the digest the table recorded)."""
     if table["workload"]["digest"] == json.loads(PREFIXES.read_text())["digest"]:
         return light_requests()
-    model = _table.models(table)
-    workload = resolve_workload(SearchOptions(workload=table["workload"]["name"]), model)
-    if workload.digest() != table["workload"]["digest"]:
-        raise SystemExit("bench_model: the table's workload is neither the prefixes file's nor today's preset")
-    return StudyRequests.of_workload(workload.requests, workload.grow, load_tokenizer(Path(model.path)))
+    return preset_requests(table)
 
 
 def predict_drives(table: dict[str, Any]) -> dict[str, Any]:
