@@ -42,6 +42,7 @@ import optuna
 from tests.benchmarks import _report, _table, bench_search, model_diagnosis
 from tests.benchmarks.stamp import stamp_line
 from tuner.engines.base import Device
+from tuner.engines.prometheus import parse_prometheus
 from tuner.engines.speculation import proposer_of
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
@@ -574,6 +575,28 @@ def _twins(rows: list[dict[str, Any]], metric: str) -> list[str]:
     return [str(len(logs)), f"{within}/{len(logs)}", f"{statistics.median(logs):.2f}" if logs else "n/a"]
 
 
+def _batch_growth(rows: list[dict[str, Any]]) -> str:
+    """What four sequences add to a decode iteration over two, per proposer and K (ms), from the rows'
+    iteration times (``_decode``)."""
+    by: dict[tuple[str, int], dict[int, float]] = {}
+    for r in rows:
+        p = json.loads(r["config"])
+        if "max_num_seqs" in p and r["tpot_median_ms"] > 0.5:  # a near-zero time per token is a burst, not a decode
+            key = (proposer_of(p) or "none", int(p.get("num_speculative_tokens") or 0))
+            by.setdefault(key, {})[int(p["max_num_seqs"])] = r["tokens_per_step"] * r["tpot_median_ms"]
+    growth = [f"{who}{f' K={k}' if k else ''} {t[4] - t[2]:+.1f}" for (who, k), t in sorted(by.items())
+              if 2 in t and 4 in t]  # fmt: skip
+    return ", ".join(growth) or "no pair measured"
+
+
+def _captured_share() -> str:
+    """The share of decode steps n-gram proposed in, in the CPU capture the adapter's test reads."""
+    folder = _report.ROOT / "tests" / "data" / "captures" / "vllm-0.32-cpu"
+    first, last = (parse_prometheus((folder / f"metrics-ngram-k4-{w}.prom").read_text()) for w in ("first", "last"))
+    share = VllmAdapter().server_stats(first, last)["spec_draft_share"]
+    return "none" if not share else f"about one in {round(1 / share)}"
+
+
 def _share_lines(data: dict[str, Any]) -> list[str]:
     """The n-gram table: each speculative config's throughput predicted with the share of decode steps
     its proposer proposed in (learned from the other configs), and with every step proposing."""
@@ -602,9 +625,11 @@ def _share_lines(data: dict[str, Any]) -> list[str]:
                       [[r["config"], str(json.loads(r["config"]).get("max_num_seqs", "default")),
                         f"{r['tokens_per_step']:.2f}", f"{r['tokens_per_step'] * r['tpot_median_ms']:.1f}"]
                        for r in sorted(data["rows"], key=lambda r: r["config"])]), "",
-        "With the 2-layer draft, four sequences take several milliseconds more an iteration than two, at K=2 "
-        "and K=4 alike; without it, about one more. That is a cost per speculating sequence, not per drafted "
-        "token (which would grow with K) nor per target sequence (which the plain configs bound). The model's "
+        "Four sequences against two, the same proposer and K, add to an iteration (ms): "
+        f"{_batch_growth(data['rows'])}. "
+        "Where a draft model adds as much at every K and more than the other configs do, that is a cost per "
+        "speculating sequence, not per drafted token (which would grow with K) nor per target sequence "
+        "(which the plain configs bound). The model's "
         "drafting costs are a pass and a drafted token, so it puts that cost nowhere and predicts the draft "
         "configs at four sequences too fast. A time per token near zero is the CPU build's stream arriving "
         "in bursts (the API server shares two cores with the engine), not a decode.", "",
@@ -662,8 +687,8 @@ def render_drives(data: dict[str, Any]) -> str:
         "none the step emits one token. The adapter now records the share of decode steps that proposed "
         "(`spec_draft_share`, from `vllm:generation_tokens_total` beside the draft counters) and the model "
         "learns it per draft, as it learns acceptance; this table predates it, so here every step proposes. "
-        "On a real CPU server under today's rag preset, n-gram at K=4 proposed in about one decode step in "
-        "eleven (`tests/data/captures/vllm-0.32-cpu/metrics-ngram-k4-*.prom`); what the share does to the "
+        f"On a real CPU server under today's rag preset, n-gram at K=4 proposed in {_captured_share()} of its "
+        "decode steps (`tests/data/captures/vllm-0.32-cpu/metrics-ngram-k4-*.prom`); what the share does to the "
         "model's n-gram predictions, on a table that recorded it, is the n-gram table's section.",
         f"- Four sequences against two: the fit gives tokens {fit['target']['token']:.3g} s and sequences "
         f"{fit['target']['sequence']:.3g} s, so a batch of four costs the model what a batch of two does; "
