@@ -206,10 +206,7 @@ def _capacity_flags(s: argparse.ArgumentParser, worker: bool = False) -> None:
 
 def _strategy_flags(s: argparse.ArgumentParser) -> None:
     """How a search proposes, screens, prunes, checks and places its trials."""
-    s.add_argument(
-        "--sampler", default=None, choices=SAMPLERS,
-        help="how configs are proposed (default: model for the capacity objectives, tpe for the others)",
-    )  # fmt: skip
+    s.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="how configs are proposed (default tpe)")
     s.add_argument(
         "--no-screen", dest="screen", action="store_false", help="boot every config, even one the memory screen rejects"
     )
