@@ -323,7 +323,8 @@ def _search_lines(s: dict[str, Any], on: str) -> list[str]:
               "failing booted", "screened", "pruned"]  # fmt: skip
 
     def rows(results: dict[str, Any]) -> list[list[Any]]:
-        return [[name, f"{r['median_trials']:g}", f"{r['q1']:g}-{r['q3']:g}", f"{r['median_boots']:g}",
+        return [[bench_search.shown(name), f"{r['median_trials']:g}", f"{r['q1']:g}-{r['q3']:g}",
+                 f"{r['median_boots']:g}",
                  f"{r['median_machine_s']:.0f} ({r['machine_q1']:.0f}-{r['machine_q3']:.0f})",
                  f"{r['reached']}/{r['seeds']}", f"{r['failing_booted']:g}", f"{r['screened']:g}", f"{r['pruned']:g}"]
                 for name in SEARCH_SAMPLERS if (r := results.get(name))]  # fmt: skip  # the run's order, not the JSON's

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m tests.benchmarks.bench_search [--seeds 20]`` after ``measure_grid``
 (a few minutes; it boots nothing). Not part of the default test run. Writes ``reports/search.md``
-and ``reports/search.json``.
+and ``reports/search.json``; ``--render-only`` re-renders the report from that JSON.
 
 Each run is a study as ``tuner search`` makes it (the engine default as trial 0, the tuner's own
 objective with the memory screen and the pruner) whose engine is the table: a trial gets exactly
@@ -34,7 +34,7 @@ from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.stress import judge as judge_stress
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.objective import SearchObjective
-from tuner.search.samplers import TPE_STARTUP, make_sampler
+from tuner.search.samplers import DEFAULT_SAMPLER, TPE_STARTUP, make_sampler
 from tuner.search.scoring import directions
 from tuner.search.space import load_space
 from tuner.study.attrs import enqueue_defaults
@@ -272,8 +272,15 @@ CAPACITY_HEADER = ["sampler", "median trials", "quartiles", "median boots", "mac
                    "reached", "vs random", "failing booted", "screened", "pruned", "pruned wrongly"]  # fmt: skip
 
 
+def shown(name: str) -> str:
+    """A sampler's row label, marked where ``tuner search`` runs it without ``--sampler`` (the stored
+    runs keep the names they were measured under)."""
+    base = name.removesuffix(" (tuner default)")
+    return f"{base} (tuner default)" if base == DEFAULT_SAMPLER else base
+
+
 def _capacity_rows(results: dict[str, dict[str, Any]], random_median: float) -> list[list[Any]]:
-    return [[name, f"{s['median_trials']:g}", f"{s['q1']:g}-{s['q3']:g}", f"{s['median_boots']:g}",
+    return [[shown(name), f"{s['median_trials']:g}", f"{s['q1']:g}-{s['q3']:g}", f"{s['median_boots']:g}",
              f"{s['median_machine_s']:.0f} ({s['machine_q1']:.0f}-{s['machine_q3']:.0f})",
              f"{100 * s['share_of_grid']:.1f} %", f"{s['reached']}/{s['seeds']}",
              f"{random_median / s['median_trials']:.2f}x", f"{s['failing_booted']:g}", f"{s['screened']:g}",
@@ -335,14 +342,14 @@ def _goal(data: dict[str, Any]) -> list[str]:
         tpe, rnd = res["tpe (tuner default)"], res["random"]
         met = "met" if tpe["share_of_grid"] <= 0.25 and tpe["median_trials"] < rnd["median_trials"] else "not met"
         out.append(
-            f"- capacity{'' if res is cap['results'] else ', default left out'}: the default sampler needed a median "
+            f"- capacity{'' if res is cap['results'] else ', default left out'}: TPE needed a median "
             f"{tpe['median_trials']:g} trials ({100 * tpe['share_of_grid']:.1f} % of the capacity grid's {size}; "
             f"{tpe['median_machine_s']:.0f} s of machine time), random search {rnd['median_trials']:g} "
             f"({rnd['median_machine_s']:.0f} s): goal {met}."
         )
         early = sum(1 for r in tpe["runs"] if r["trials"] <= TPE_STARTUP)
         out.append(
-            f"  In {early} of {len(tpe['runs'])} seeds the default sampler was done within its first {TPE_STARTUP} "
+            f"  In {early} of {len(tpe['runs'])} seeds TPE was done within its first {TPE_STARTUP} "
             "trials, which TPE, like GP, draws at random before it models anything: there it cannot beat random "
             "search, and with the same seed draws the same configs."
         )
@@ -383,7 +390,11 @@ def main() -> None:
     parser.add_argument("--samplers", default=",".join(SAMPLERS))
     parser.add_argument("--table", type=Path, default=_table.TABLE)
     parser.add_argument("--capacity-table", type=Path, default=_table.CAPACITY_TABLE)
+    parser.add_argument("--render-only", action="store_true", help="re-render the report from search.json")
     args = parser.parse_args()
+    if args.render_only:
+        _write(json.loads((_report.REPORTS / "search.json").read_text()))
+        return
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = _table.load(args.table)
@@ -415,9 +426,13 @@ def main() -> None:
             "engine": table["engine"]["version"], "measured": _measured(table), "slo": SLO,
             "results": results, "ablations": ablations, "stress": stress_cases(table),
             "capacity": capacity}  # fmt: skip
-    text = _report.stamped(render(data), started)
+    _write(data)
+
+
+def _write(data: dict[str, Any]) -> None:
+    """reports/search.md (its head; other benchmarks' sections, bench_model's, stay as they were) and search.json."""
+    text = _report.stamped(render(data), _report.stamp_of(data, "search"))
     path = _report.REPORTS / "search.md"
-    # other benchmarks' sections of this report (bench_model's) stay as they were
     kept = [block for _, block in _report.sections(path.read_text())] if path.exists() else []
     path.write_text(text + "".join(f"\n{block}\n" for block in kept) + "\n")
     (_report.REPORTS / "search.json").write_text(json.dumps(_report._finite(data), indent=1) + "\n")

@@ -1,9 +1,11 @@
 """One replayed study of ``--sampler model`` against the capacity table, trial by trial.
 
-Run: ``.venv/bin/python -m tests.benchmarks.model_replay SEED [SEED ...]`` (boots nothing; seconds a
-seed). Writes ``reports/model-sampler/replay-seed-SEED.txt`` for each. Not part of the default test run.
+Run: ``.venv/bin/python -m tests.benchmarks.model_replay SEED [SEED ...] [--grid heavy] [--with-default]``
+(boots nothing; seconds to minutes a seed). Writes ``reports/model-sampler/replay-seed-SEED[-heavy][-default].txt``
+for each. Not part of the default test run.
 
-The study is ``bench_model``'s search with the engine default left out (``bench_search``'s replay:
+The study is ``bench_model``'s search, by default on the light table with the engine default left
+out (``bench_search``'s replay:
 the tuner's own objective, memory screen, capacity search and pruning), stopped when its best
 feasible capacity is within 10 % of the grid's best. For every trial the file says what the model
 predicted before it booted (central, and the range what is unmeasured allows), what the replay
@@ -82,9 +84,13 @@ def _range(c: float | None, low: float | None, high: float | None) -> str:
     return f"{c:.2f} [{low:.2f}, {high:.2f}]"
 
 
-def replay(seed: int) -> str:
-    requests = bench_model.light_requests()
-    table = bench_model.with_ids(_table.load_capacity(), len(requests))
+def replay(seed: int, grid: str = "light", with_default: bool = False) -> str:
+    table = _table.load_capacity(_table.CAPACITY_GRIDS[grid][0])
+    if grid == "light":
+        requests = bench_model.light_requests()
+        table = bench_model.with_ids(table, len(requests))
+    else:
+        requests = bench_model.heavy_requests(table)
     plan = _table.plan_of(table, (TIER,))
     truth = bench_search.capacity_truth(table, plan)
     space = _table.capacity_space(table)
@@ -110,13 +116,14 @@ def replay(seed: int) -> str:
     bench_search.SAMPLERS["model"] = bound
     optuna.create_study = recording  # the replay makes its study inside
     try:
-        outcome = bench_search.run_capacity_once("model", seed, table, truth, plan, with_default=False)
+        outcome = bench_search.run_capacity_once("model", seed, table, truth, plan, with_default=with_default)
     finally:
         optuna.create_study = create
     study, notes = studies[-1], made[-1].notes
     lines = [
         f"seed {seed}: {outcome['trials']} trials, {outcome['boots']} boots to within 10 % of the grid's best "
-        f"({truth['best_capacity']:.2f} req/s, {truth['best_config']}); default left out",
+        f"({truth['best_capacity']:.2f} req/s, {truth['best_config']}); {grid} table, default left "
+        f"{'in' if with_default else 'out'}",
         "trial state: config | predicted interactive (req/s) central [range] | replay measured | ladder",
     ]
     for t in study.trials:
@@ -144,13 +151,16 @@ def _fmt(value: Any) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("seeds", type=int, nargs="+")
+    parser.add_argument("--grid", choices=sorted(_table.CAPACITY_GRIDS), default="light")
+    parser.add_argument("--with-default", action="store_true", help="the engine default as trial 0, as tuner search")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     run_stamp = _report.stamp()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
-        text = f"_{stamp_line(run_stamp)}._\n\n" + replay(seed)
-        path = OUT_DIR / f"replay-seed-{seed}.txt"
+        text = f"_{stamp_line(run_stamp)}._\n\n" + replay(seed, args.grid, args.with_default)
+        suffix = ("" if args.grid == "light" else f"-{args.grid}") + ("-default" if args.with_default else "")
+        path = OUT_DIR / f"replay-seed-{seed}{suffix}.txt"
         path.write_text(text)
         print(text)
 

@@ -34,6 +34,7 @@ from tuner.search.model.sampler import ModelSampler
 from tuner.study.attrs import DEFAULT_KIND, STRESS_CHECK_KIND
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid", "model")
+DEFAULT_SAMPLER = "tpe"  # what a study runs without --sampler (the module docstring says why)
 TPE_STARTUP = 10
 NSGA2_POPULATION = 8
 

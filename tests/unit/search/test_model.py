@@ -27,6 +27,7 @@ from tuner.search.model.predict import EngineModel, Prediction, bisect_capacity,
 from tuner.search.model.requests import GROWTH_CAP, Shape, StudyRequests
 from tuner.search.model.simulate import Limits, Speculation, Work, acceptance_of, simulate
 from tuner.workloads import build_workload
+from tuner.workloads.inspection import BLOCK_TOKENS
 
 UNIT = np.array([1.0, 0.0, 0.0, 0.0])  # one second per iteration, nothing else: schedules read as counts
 TRUE = np.array([0.012, 3e-4, 2e-3, 0.05])  # iteration, token, sequence, attention (s)
@@ -479,3 +480,46 @@ def test_ids_the_workload_never_has_stop_its_growth(tokenizer: Tokenizer) -> Non
     assert "elsewhere-1" not in blocks and grown <= 2 * GROWTH_CAP * 8
     requests.cover(["elsewhere-1", "elsewhere-2"])  # a study refits after every trial
     assert len(requests) == grown, "asked again, it grows no further"
+
+
+def test_a_run_whose_demand_stayed_within_its_pool_is_the_same_run_with_any_pool_that_large() -> None:
+    works = [Work(0.05 * i, 300, 20) for i in range(30)]
+    unbounded: list[int] = []
+    free = simulate(works, Limits(512, 8, None), TRUE, demand=unbounded)
+    asked = unbounded[0] * BLOCK_TOKENS  # the pool is given in tokens
+    for pool in (asked, asked + BLOCK_TOKENS, 10 * asked):
+        roomy = simulate(works, Limits(512, 8, pool), TRUE)
+        assert [(t.first_s, t.done_s) for t in roomy] == [(t.first_s, t.done_s) for t in free]
+    tight: list[int] = []
+    held_back = simulate(works, Limits(512, 8, asked // 2), TRUE, demand=tight)
+    assert tight[0] > asked // (2 * BLOCK_TOKENS), "a pool the run outgrew says so"
+    assert [t.done_s for t in held_back] != [t.done_s for t in free]
+
+
+def test_a_prediction_reuses_a_simulation_only_where_the_pool_could_not_change_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Candidates that differ only in a pool none of their steps filled are predicted once; a pool
+    small enough to hold requests back is simulated on its own. Every prediction is the one a fresh
+    model gives."""
+    from tuner.search.model import predict as predict_module
+
+    calls = [0]
+    real_simulate = predict_module.simulate
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return real_simulate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(predict_module, "simulate", counted)
+    model = _truth()
+    params = {"max_num_seqs": 4, "chunk_size": 512}
+    first = model.predict("vllm", params, None)
+    once = calls[0]
+    for kv in (None, 100_000, 50_000):
+        assert model.predict("vllm", params, kv) == first
+    assert calls[0] == once, "a pool no step filled was simulated again"
+    tight = model.predict("vllm", params, 600)
+    assert calls[0] > once, "a pool that holds requests back was not simulated"
+    assert tight == _truth().predict("vllm", params, 600)
+    assert tight["interactive"].capacity_req_s != first["interactive"].capacity_req_s

@@ -56,7 +56,7 @@ from tuner.search.model.history import (
     step_works,
 )
 from tuner.search.model.requests import Shape, StudyRequests
-from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, simulate
+from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, pool_blocks, simulate
 from tuner.workloads.arrivals import Arrival, release_times
 
 PRECISION = 0.02  # a predicted capacity is bisected this close: finer than any search resolution
@@ -106,6 +106,12 @@ class EngineModel:
     hold: bool = True
     # per engine and draft, the share of decode steps that proposed, where the counters said (else 1)
     shares: dict[str, dict[str, float]] = field(default_factory=dict)
+    # capacities already simulated, by what the simulation reads but the KV pool: (pool in blocks, the
+    # most blocks its steps asked for, capacities). Candidates that differ only in a pool none of their
+    # steps filled are one simulation (``simulate``'s ``demand``)
+    _simulated: dict[tuple[Any, ...], list[tuple[float, int, dict[str, float]]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def fit(
@@ -210,12 +216,13 @@ class EngineModel:
     def _served(
         self, rows: list[dict[str, Any]], limits: Limits, theta: np.ndarray, spec: Speculation | None,
         overhead_s: float, waiting: list[tuple[float, int]] | None = None, concurrency: int | None = None,
+        demand: list[int] | None = None,
     ) -> list[dict[str, Any]]:  # fmt: skip
         """``rows`` (in send order) served by the simulated scheduler, each given the times a real
         step records: when it was sent (its own release, or its client's turn in a closed loop), and
         its first and last token as the client hears them, ``overhead_s`` after the server."""
         works = step_works(rows, self.hit)
-        lines = simulate(works, limits, theta, spec, waiting_trace=waiting, concurrency=concurrency)
+        lines = simulate(works, limits, theta, spec, waiting_trace=waiting, concurrency=concurrency, demand=demand)
         for row, line in zip(rows, lines, strict=True):
             row["sent_s"] = line.sent_s
             row["first_s"] = None if line.first_s is None else line.first_s + overhead_s
@@ -225,12 +232,18 @@ class EngineModel:
     def _capacities(
         self, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
     ) -> dict[str, float]:
+        key = (replace(limits, kv_tokens=None), theta.tobytes(), spec, overhead_s)
+        pool = pool_blocks(limits.kv_tokens)
+        for simulated_pool, asked, capacities in self._simulated.get(key, ()):
+            if simulated_pool == pool or asked <= min(simulated_pool, pool):
+                return dict(capacities)
         cache: dict[float, Measured] = {}
+        demand: list[int] = []
 
         def step_at(rate: float) -> Measured:
             key = round(rate, 9)
             if key not in cache:
-                cache[key] = self.serve_step(rate, limits, theta, spec, overhead_s)
+                cache[key] = self.serve_step(rate, limits, theta, spec, overhead_s, demand)
             return cache[key]
 
         out = {}
@@ -241,19 +254,22 @@ class EngineModel:
                 return judge_served(step_at(rate), slo, self.plan, rate).passed
 
             out[tier] = bisect_capacity(passes, self.plan.start_rate, self.plan.start_rate / FLOOR_DIVISOR)
+        self._simulated.setdefault(key, []).append((pool, max(demand, default=0), dict(out)))
         return out
 
     def serve_step(
-        self, rate: float, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float
-    ) -> Measured:
-        """A simulated step at ``rate``, watched as a real one (``watch_offline``), held whole where ``hold``."""
+        self, rate: float, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float,
+        demand: list[int] | None = None,
+    ) -> Measured:  # fmt: skip
+        """A simulated step at ``rate``, watched as a real one (``watch_offline``), held whole where
+        ``hold``; ``demand`` gets the most KV blocks it asked for (``simulate``)."""
         waiting: list[tuple[float, int]] = []
-        rows = self.step_rows(rate, limits, theta, spec, overhead_s, waiting)
+        rows = self.step_rows(rate, limits, theta, spec, overhead_s, waiting, demand)
         return watch_offline(self.plan, rate, rows, waiting, hold=self.hold, tick_s=TICK_S)
 
     def step_rows(
         self, rate: float, limits: Limits, theta: np.ndarray, spec: Speculation | None, overhead_s: float,
-        waiting: list[tuple[float, int]] | None = None,
+        waiting: list[tuple[float, int]] | None = None, demand: list[int] | None = None,
     ) -> list[dict[str, Any]]:  # fmt: skip
         """A simulated step at ``rate``: the plan's requests for it, as request rows a real step records.
         Its requests are the study's first ones, the workload grown to them as a search grows it
@@ -269,7 +285,7 @@ class EngineModel:
         rows = [{"sent_s": float(t or 0.0), "prompt_tokens": shape.prompt_tokens, "output_tokens": shape.output_tokens,
                  "blocks": shape.blocks if known else None, "error": None}
                 for t, shape in zip(times, islice(cycle(shapes), n), strict=True)]  # fmt: skip
-        return self._served(rows, limits, theta, spec, overhead_s, waiting)
+        return self._served(rows, limits, theta, spec, overhead_s, waiting, demand=demand)
 
 
 def _with_draft(fit: Fit, costs: tuple[float, float]) -> np.ndarray:

@@ -4,8 +4,8 @@ An Optuna sampler, so storage, fleets and the dashboard work as with any other. 
 proposes:
 
 1. refit the model on the study's served trials (``EngineModel.fit``; warm-started from the last fit);
-2. take the candidates: every config of a discrete space, or ``CANDIDATES`` drawn from a continuous
-   one, less those the study already tried, those the memory screen says cannot fit
+2. take the candidates: every config of a discrete space (up to ``GRID_WHOLE``), or ``DRAWN`` drawn
+   from a larger or continuous one, less those the study already tried, those the memory screen says cannot fit
    (``tuner.search.memory``, calibrated on the study's boots) and those the learned rejections
    refuse (``tuner.search.rejections``);
 3. predict each one's capacity under every scored tier and boot the one with the highest expected
@@ -51,7 +51,11 @@ from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, pre
 from tuner.study.feasible import feasible_trials
 from tuner.workloads.base import load_tokenizer
 
-CANDIDATES = 256  # configs scored per trial: a discrete space up to this size is scored whole
+GRID_WHOLE = 256  # a discrete space up to this many configs is scored whole at every proposal
+# configs drawn from a larger (or continuous) space at each proposal: every one costs a simulated
+# capacity search (two where a draft is unmeasured), so their number is what a proposal costs
+# (reports/model-sampler.md, "What a proposal costs")
+DRAWN = 64
 PREDICTED = "predicted"
 
 
@@ -83,8 +87,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
     """Proposes the candidate with the highest expected improvement (see the module docstring).
     ``bind`` gives it the study's context before the first trial; unbound it samples at random."""
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, drawn: int = DRAWN) -> None:
         self._seed = seed
+        self._drawn = drawn
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._context: ModelContext | None = None
         self._cache: tuple[tuple[Any, ...], EngineModel] | None = None
@@ -202,10 +207,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
             points = grid_points(c.space, c.offers)
         except ConfigError:  # a continuous space: a seeded draw of it
             points = []
-        if not points or len(points) > CANDIDATES:
+        if not points or len(points) > GRID_WHOLE:
             rng = random.Random(f"{self._seed}:candidates:{number}")
             dists = distributions(c.space, c.offers)
-            points = [_draw(dists, rng) for _ in range(CANDIDATES)]
+            points = [_draw(dists, rng) for _ in range(self._drawn)]  # fewer draws: the first ones of more
         tried = [t.params for t in study.get_trials(deepcopy=False) if t.params]
         finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         history = observations([t.user_attrs for t in finished])

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -125,7 +125,8 @@ class Timeline:
     done_features: np.ndarray | None = None
 
 
-@dataclass(eq=False)  # one request is itself only: `in running` and `remove` compare identities, not fields
+# one request is itself only: `remove` compares identities, not fields; slots: read every iteration
+@dataclass(eq=False, slots=True)
 class _Request:
     index: int
     work: Work
@@ -136,6 +137,10 @@ class _Request:
     started: bool = False  # has its first token
     looked_up: bool = False  # its prefix-cache hits are counted
     credit: float = 0.0  # proposals owed: a decode step proposes each time it reaches one (``Speculation.share``)
+    output_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output_tokens = self.work.output_tokens
 
     def proposes(self, share: float) -> bool:
         """Whether this decode step proposes: spread evenly over the request's steps, ``share`` of them."""
@@ -150,10 +155,15 @@ def _blocks(tokens: int) -> int:
     return -(-tokens // BLOCK_TOKENS)
 
 
+def pool_blocks(kv_tokens: int | None) -> float:
+    """A KV pool of ``kv_tokens`` in blocks, as the scheduler counts it (None: unbounded)."""
+    return _blocks(kv_tokens) if kv_tokens else math.inf
+
+
 def simulate(
     works: Sequence[Work], limits: Limits, theta: np.ndarray, spec: Speculation | None = None,
     max_iterations: int = 200_000, waiting_trace: list[tuple[float, int]] | None = None,
-    concurrency: int | None = None,
+    concurrency: int | None = None, demand: list[int] | None = None,
 ) -> list[Timeline]:  # fmt: skip
     """Run ``works`` through the scheduler with costs ``theta`` (over ``feature_names(spec)``);
     a request that could not finish within ``max_iterations`` keeps no done time. ``waiting_trace``,
@@ -162,7 +172,9 @@ def simulate(
     ``concurrency``: a closed loop, as the client's drive without arrivals (``tuner.client.driver``):
     that many clients send ``works`` in order, the first ones at their arrival, each next one the
     moment a request ends (its last token, or refused as larger than the pool); each timeline's
-    ``sent_s`` says when."""
+    ``sent_s`` says when. ``demand``, where given, gets the most KV blocks the run ever asked the
+    pool to hold: a run whose demand stayed within its pool is the very same run with any pool at
+    least that large (the pool is read nowhere else), which spares a prediction simulating it again."""
     n_features = len(TARGET_FEATURES) + (len(DRAFT_FEATURES) if spec is not None else 0)
     theta = np.asarray(theta, dtype=float)[:n_features]
     arrival = [w.arrival_s for w in works]
@@ -183,13 +195,18 @@ def simulate(
     running: list[_Request] = []
     budget_cap = limits.token_budget if limits.token_budget else math.inf
     seqs_cap = limits.max_seqs if limits.max_seqs else math.inf
-    pool = _blocks(limits.kv_tokens) if limits.kv_tokens else math.inf
+    pool = pool_blocks(limits.kv_tokens)
     used = 0  # blocks
+    peak = 0  # the most blocks the pool was asked to hold (``demand``)
     cached: set[int] = set()  # prompt blocks computed so far (the cache is emptied before every step)
     now, busy_start = 0.0, 0.0
     acc = np.zeros(n_features)
     x = np.zeros(n_features)
     decode_next = False  # prefill first: the last prefill iteration admitted nothing, so decode now
+    # tokens a verification of k drafts emits, per k: the innermost loop's, computed once per run
+    emitted = [spec.emitted(k) for k in range(spec.k + 1)] if spec is not None else [1.0]
+    every_step = spec is None or spec.share == 1.0  # each decode step proposes: no credit to keep
+    prefill_first, per_block = limits.prefill_first, BLOCK_TOKENS
     for _ in range(max_iterations):
         if not waiting and not running:
             if not pending or math.isinf(arrival[pending[0]]):
@@ -214,15 +231,21 @@ def simulate(
         while index < len(running) and budget > 0:
             req = running[index]
             prefill = req.computed < req.to_compute
-            if limits.prefill_first and prefill != prefilling:
+            if prefill_first and prefill != prefilling:
                 index += 1  # a decode waits for a prefill iteration to end, and the other way round
                 continue
             if prefill:
                 want = req.to_compute - req.computed
+            elif spec is None:
+                want = 1
             else:
-                want = 1 + (k_now if spec is not None and req.proposes(spec.share) else 0)
-            n = int(min(want, budget))
-            need = _blocks(req.kv + n) - _blocks(req.kv)
+                want = 1 + (k_now if every_step or req.proposes(spec.share) else 0)
+            n = want if want <= budget else int(budget)
+            kv = req.kv
+            need = -(-(kv + n) // per_block) + (-kv // per_block)  # blocks of kv + n less blocks of kv
+            if used + need > peak:
+                peak = used + need
+            itself = False  # the request preempted to make room for itself
             while used + need > pool and running:
                 victim = running.pop()  # the last admitted goes back to wait, and recomputes later
                 used -= _blocks(victim.kv)
@@ -232,8 +255,9 @@ def simulate(
                 waiting.appendleft(victim)
                 preempted = True
                 if victim is req:
+                    itself = True
                     break
-            if req not in running:
+            if itself:
                 break
             used += need
             req.kv += n
@@ -253,6 +277,8 @@ def simulate(
                 req.to_compute = max(req.work.prompt_tokens - hits * BLOCK_TOKENS, 1)
             n = int(min(req.to_compute - req.computed, budget))
             need = _blocks(req.kv + n) - _blocks(req.kv)
+            if used + need > peak:
+                peak = used + need
             if used + need > pool:
                 break
             waiting.popleft()
@@ -279,11 +305,12 @@ def simulate(
         x[:] = 0.0
         tokens = 0
         spec_seqs = 0
+        attention = 0.0
         for req, n, k in scheduled:
             tokens += n
-            x[3] += n * (req.kv - n + n / 2.0) / 1e6
+            attention += n * (req.kv - n + n / 2.0) / 1e6
             spec_seqs += k > 0
-        x[0], x[1], x[2] = 1.0, tokens, len(scheduled)
+        x[0], x[1], x[2], x[3] = 1.0, tokens, len(scheduled), attention
         if n_features > len(TARGET_FEATURES) and spec_seqs:
             x[4] = k_now
             x[5] = tokens + max(k_now - 1, 0) * spec_seqs
@@ -300,11 +327,11 @@ def simulate(
                     t = timelines[req.index]
                     t.first_s, t.first_start_s, t.first_features = now, busy_start, acc.copy()
             else:
-                req.generated += spec.emitted(k) if spec is not None and k > 0 else 1.0
+                req.generated += emitted[k] if k > 0 else 1.0
                 held = req.to_compute + int(req.generated)  # rejected drafts give their slots back
-                used += _blocks(held) - _blocks(req.kv)
+                used += -(-held // per_block) + (-req.kv // per_block)  # blocks of held less blocks of kv
                 req.kv = held
-            if req.started and req.generated >= req.work.output_tokens:
+            if req.started and req.generated >= req.output_tokens:
                 t = timelines[req.index]
                 t.done_s, t.done_start_s, t.done_features = now, busy_start, acc.copy()
                 running.remove(req)
@@ -312,6 +339,8 @@ def simulate(
                 next_turn(now)
     for i, t in enumerate(timelines):
         t.sent_s = None if math.isinf(arrival[i]) else arrival[i]
+    if demand is not None:
+        demand.append(peak)
     return timelines
 
 

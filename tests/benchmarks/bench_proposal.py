@@ -1,0 +1,202 @@
+"""What one ``--sampler model`` proposal costs: the fit and the candidates scored, at several draw counts.
+
+Run: ``.venv/bin/python -m tests.benchmarks.bench_proposal [--repeats 3]`` (about ten minutes on 2
+cores; boots nothing, but needs ``scripts/setup.sh``'s vLLM environment and the generated models, as
+``tuner search`` does). Not part of the default test run. Writes the ``proposal`` section of
+``reports/model-sampler.md`` and ``reports/model_proposal.json``.
+
+The study is ``tests/benchmarks/data/proposal_study_cpu.db``: ``tuner search --workload rag`` on the
+no-GPU default after its first trial (the engine default served), as the Quickstart's second trial
+finds it. Every variant is a fresh sampler bound to the context ``tuner search`` builds for that
+study (the default space, the generated models, the rag preset's capacity plan), proposing the next
+trial on a copy of the study. Per variant, over repeats: seconds to fit the model, seconds to score
+the candidates, how many candidates and how many of them the model simulated, and the pick: its
+expected gain and its rank among the largest draw's candidates (the draws are seeded, so a smaller
+draw is the first part of a larger one, and what a smaller draw misses is read off the larger).
+
+Variants: the space's draws at ``DRAWN`` and fewer; and ``DRAWN`` with every candidate simulated on its
+own, as before the model reused a simulation across KV pools no step filled (``EngineModel``'s
+``_simulated``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tests.benchmarks import _report
+from tuner.measure.trial import TrialContext
+from tuner.progress import Progress
+from tuner.search.model.predict import EngineModel, Prediction
+from tuner.search.model.sampler import DRAWN, ModelContext, ModelSampler, Scored, context_of
+from tuner.search.options import SearchOptions
+from tuner.search.resolve import (
+    capacity_plan,
+    detect_device,
+    resolve_engines,
+    resolve_models,
+    resolve_offers,
+    resolve_workload,
+)
+from tuner.search.space import load_space, suggest
+from tuner.workloads import source
+
+STUDY_DB = _report.ROOT / "tests" / "benchmarks" / "data" / "proposal_study_cpu.db"
+STUDY = "qs"
+MD_PATH = _report.REPORTS / "model-sampler.md"
+JSON_PATH = _report.REPORTS / "model_proposal.json"
+VARIANTS = ((256, False), (256, True), (DRAWN, True), (32, True))  # (draws, reuse): before, and now
+
+
+class Timed(ModelSampler):
+    """The model sampler, timing its fit and its scoring, and keeping what it scored."""
+
+    def __init__(self, seed: int, drawn: int, reuse: bool) -> None:
+        super().__init__(seed, drawn)
+        self.reuse, self.fit_s, self.simulated = reuse, 0.0, 0
+        self.scored: list[Scored] = []
+
+    def model(self, study: optuna.Study) -> EngineModel:
+        began = time.monotonic()
+        model = super().model(study)
+        self.fit_s += time.monotonic() - began
+        return model
+
+    def _predict(self, model: EngineModel, study: optuna.Study, config: Any) -> dict[str, Prediction]:
+        if not self.reuse:
+            model._simulated.clear()  # noqa: SLF001  # each candidate on its own, as before the reuse
+        before = sum(len(v) for v in model._simulated.values())  # noqa: SLF001
+        out = super()._predict(model, study, config)
+        self.simulated += sum(len(v) for v in model._simulated.values()) - before  # noqa: SLF001
+        return out
+
+    def _score(self, *args: Any, **kwargs: Any) -> Scored:
+        scored = super()._score(*args, **kwargs)
+        self.scored.append(scored)
+        return scored
+
+
+def context() -> ModelContext:
+    """What ``tuner search --workload rag`` binds the sampler to on this machine (``run_search``)."""
+    progress = Progress()
+    opts = SearchOptions(workload="rag")
+    space = load_space(None)
+    engines = resolve_engines(space, {}, None, progress)
+    env = next(iter(engines.values()))[1]
+    device = detect_device(env, space)
+    model = resolve_models(opts, space, env)
+    offers = resolve_offers(space, engines, model, progress)
+    workload = resolve_workload(opts, model, source(opts.workload))
+    capacity = capacity_plan(opts, workload, device)
+    ctx = TrialContext(engines, model, device, workload, Path(tempfile.gettempdir()), progress, capacity=capacity)
+    return context_of(space, ctx, offers)
+
+
+def propose(drawn: int, reuse: bool, seed: int) -> dict[str, Any]:
+    """One proposal by a fresh sampler on a fresh context: the study's requests are grown and cut into
+    blocks within it, as a study's first proposal does."""
+    bound = context()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "study.db"
+        shutil.copy(STUDY_DB, db)
+        sampler = Timed(seed, drawn, reuse)
+        sampler.bind(bound)
+        study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}", sampler=sampler)
+        began = time.monotonic()
+        trial = study.ask()
+        suggest(trial, bound.space, bound.offers, False)  # Optuna proposes at the trial's first suggestion
+        total = time.monotonic() - began
+        picked = trial.params
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    pick = next((s for s in sampler.scored if _same(s.point, picked)), None)
+    return {
+        "drawn": drawn, "reuse": reuse, "total_s": total, "fit_s": sampler.fit_s, "score_s": total - sampler.fit_s,
+        "candidates": len(sampler.scored), "simulated": sampler.simulated, "pick": picked,
+        "gain": None if pick is None else pick.gain,
+        "scored": [(s.point, s.gain) for s in sampler.scored],
+    }  # fmt: skip
+
+
+def _same(point: dict[str, Any], params: dict[str, Any]) -> bool:
+    return {k: v for k, v in point.items() if k in params} == params
+
+
+def rank_in(full: list[tuple[dict[str, Any], float]], params: dict[str, Any]) -> int | None:
+    """The pick's place among the largest draw's candidates by expected gain: 1 + those with more."""
+    gain = next((g for p, g in full if _same(p, params)), None)
+    return None if gain is None else 1 + sum(1 for _, g in full if g > gain)
+
+
+def run(repeats: int, seed: int) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    for drawn, reuse in VARIANTS:
+        runs = [propose(drawn, reuse, seed) for _ in range(repeats)]
+        print(f"drawn {drawn} reuse {reuse}: " + ", ".join(f"{r['total_s']:.1f}s" for r in runs), flush=True)
+        rows.append({"drawn": drawn, "reuse": reuse, "runs": runs})
+    full: list[tuple[dict[str, Any], float]] = next(
+        r for r in rows if r["drawn"] == max(d for d, _ in VARIANTS) and r["reuse"]
+    )["runs"][0]["scored"]
+    for row in rows:
+        row["rank"] = rank_in(full, row["runs"][0]["pick"])
+        row["best_gain"], row["largest"] = max(g for _, g in full), len(full)
+        for r in row["runs"]:
+            r.pop("scored")
+    return {"study": str(STUDY_DB.relative_to(_report.ROOT)), "repeats": repeats, "seed": seed, "rows": rows}
+
+
+def render(data: dict[str, Any]) -> str:
+    header = ["draws", "reuse", "total s (median, range)", "fit s", "scoring s", "candidates", "simulated",
+              "pick's gain", "pick's rank among the largest draw"]  # fmt: skip
+    body = []
+    for row in data["rows"]:
+        runs = row["runs"]
+        totals = [r["total_s"] for r in runs]
+        body.append([
+            row["drawn"], "yes" if row["reuse"] else "no",
+            f"{statistics.median(totals):.1f} ({min(totals):.1f}-{max(totals):.1f})",
+            f"{statistics.median(r['fit_s'] for r in runs):.1f}",
+            f"{statistics.median(r['score_s'] for r in runs):.1f}",
+            runs[0]["candidates"], runs[0]["simulated"],
+            "-" if runs[0]["gain"] is None else f"{runs[0]['gain']:.3g} (best {row['best_gain']:.3g})",
+            "-" if row["rank"] is None else f"{row['rank']} of {row['largest']}",
+        ])  # fmt: skip
+    return "\n".join([
+        "## What a proposal costs (`tests/benchmarks/bench_proposal.py`)", "",
+        f"The study `{data['study']}`: `tuner search --workload rag` on the no-GPU default after its first trial "
+        "(the engine default served), as the Quickstart's second trial finds it. Each row is a fresh "
+        f"`--sampler model` (seed {data['seed']}) proposing that trial on a copy of the study, {data['repeats']} "
+        "times: the fit, then every candidate predicted (each a simulated capacity search, two where a draft "
+        "is unmeasured). \"Simulated\" counts the candidates' capacity searches the model ran (the rest it "
+        "reused: a KV pool none of the steps filled is the same simulation). The pick's rank is its place, by "
+        "expected gain, among the largest draw's candidates (1 + those with a larger gain).", "",
+        _report.table(header, body), "",
+    ])  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--render-only", action="store_true", help="re-render from the JSON")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if args.render_only:
+        stored = json.loads(JSON_PATH.read_text())["proposal"]
+        _report.write_section("proposal", render(stored), stored, MD_PATH, JSON_PATH)
+        return
+    started = _report.stamp()
+    data = {"stamp": started, **run(args.repeats, args.seed)}
+    _report.write_section("proposal", render(data), data, MD_PATH, JSON_PATH)
+    print(render(data))
+
+
+if __name__ == "__main__":
+    main()
