@@ -14,9 +14,10 @@ the candidates, how many candidates and how many of them the model simulated, an
 expected gain and its rank among the largest draw's candidates (the draws are seeded, so a smaller
 draw is the first part of a larger one, and what a smaller draw misses is read off the larger).
 
-Variants: the space's draws at ``DRAWN`` and fewer; and ``DRAWN`` with every candidate simulated on its
-own, as before the model reused a simulation across KV pools no step filled (``EngineModel``'s
-``_simulated``).
+Variants: 256 draws (the count before ``DRAWN``), with every candidate simulated on its own (as
+before the model reused a simulation across KV pools no step filled, ``EngineModel``'s
+``_simulated``) and with the reuse; ``DRAWN``; fewer. Then what one prediction costs on a GPU study's
+steps (the H200 study of ``bench_model_study``), where a simulated step holds far more iterations.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from typing import Any
 
 import optuna
 
-from tests.benchmarks import _report
+from tests.benchmarks import _report, bench_model_study
+from tuner.engines import ADAPTERS
 from tuner.measure.trial import TrialContext
 from tuner.progress import Progress
 from tuner.search.model.predict import EngineModel, Prediction
-from tuner.search.model.sampler import DRAWN, ModelContext, ModelSampler, Scored, context_of
+from tuner.search.model.ranking import device_of_study, plan_of_study, shapes_of
+from tuner.search.model.sampler import DRAWN, ModelContext, ModelSampler, Scored, context_of, served_trials
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import (
     capacity_plan,
@@ -152,6 +155,26 @@ def run(repeats: int, seed: int) -> dict[str, Any]:
     return {"study": str(STUDY_DB.relative_to(_report.ROOT)), "repeats": repeats, "seed": seed, "rows": rows}
 
 
+def gpu_predictions() -> dict[str, Any]:
+    """What one prediction costs on a GPU study's steps: the H200 study's model, fitted on every served
+    trial as ``tuner plan --study`` fits it, predicting each served trial's own config (a known draft:
+    one simulated capacity search; an unmeasured one costs two)."""
+    study = optuna.load_study(study_name=bench_model_study.STUDY, storage=bench_model_study.STORAGE)
+    plan, device = plan_of_study(study), device_of_study(study)
+    assert plan is not None
+    adapters = {name: cls() for name, cls in ADAPTERS.items()}
+    served = served_trials(study, {})
+    began = time.monotonic()
+    model = EngineModel.fit(served, adapters, device, plan, shapes_of(served))
+    fit_s = time.monotonic() - began
+    seconds = []
+    for s in served:
+        began = time.monotonic()
+        model.predict(s.engine, s.params, s.kv_tokens)
+        seconds.append(time.monotonic() - began)
+    return {"study": bench_model_study.STUDY, "device": device.name, "fit_s": fit_s, "predict_s": seconds}
+
+
 def render(data: dict[str, Any]) -> str:
     header = ["draws", "reuse", "total s (median, range)", "fit s", "scoring s", "candidates", "simulated",
               "pick's gain", "pick's rank among the largest draw"]  # fmt: skip
@@ -178,7 +201,22 @@ def render(data: dict[str, Any]) -> str:
         "reused: a KV pool none of the steps filled is the same simulation). The pick's rank is its place, by "
         "expected gain, among the largest draw's candidates (1 + those with a larger gain).", "",
         _report.table(header, body), "",
+        *_gpu_lines(data.get("gpu")),
     ])  # fmt: skip
+
+
+def _gpu_lines(gpu: dict[str, Any] | None) -> list[str]:
+    if not gpu:
+        return []
+    each = gpu["predict_s"]
+    return [
+        f"On a GPU study's steps (`{gpu['study']}`, {gpu['device']}; the model fitted on every served trial in "
+        f"{gpu['fit_s']:.0f} s), one prediction of a served trial's own config took a median "
+        f"{statistics.median(each):.1f} s "
+        f"(range {min(each):.1f}-{max(each):.1f} s, {len(each)} configs) on this machine: a proposal of {DRAWN} "
+        f"candidates would take about {DRAWN * statistics.median(each) / 60:.0f} minutes here, more where drafts are "
+        "unmeasured (two simulations each), while the GPU waits.", "",
+    ]  # fmt: skip
 
 
 def main() -> None:
@@ -193,7 +231,7 @@ def main() -> None:
         _report.write_section("proposal", render(stored), stored, MD_PATH, JSON_PATH)
         return
     started = _report.stamp()
-    data = {"stamp": started, **run(args.repeats, args.seed)}
+    data = {"stamp": started, **run(args.repeats, args.seed), "gpu": gpu_predictions()}
     _report.write_section("proposal", render(data), data, MD_PATH, JSON_PATH)
     print(render(data))
 
