@@ -196,7 +196,8 @@ def render(data: dict[str, Any]) -> str:
         f"The study `{data['study']}`: `tuner search --workload rag` on the no-GPU default after its first trial "
         "(the engine default served), as the Quickstart's second trial finds it. Each row is a fresh "
         f"`--sampler model` (seed {data['seed']}) proposing that trial on a copy of the study, {data['repeats']} "
-        "times: the fit, then every candidate predicted (each a simulated capacity search, two where a draft "
+        "times: the fit (a study's first also grows its requests to those the served steps sent and cuts each "
+        "prompt into blocks), then every candidate predicted (each a simulated capacity search, two where a draft "
         "is unmeasured). \"Simulated\" counts the candidates' capacity searches the model ran (the rest it "
         "reused: a KV pool none of the steps filled is the same simulation). The pick's rank is its place, by "
         "expected gain, among the largest draw's candidates (1 + those with a larger gain).", "",
