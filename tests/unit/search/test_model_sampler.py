@@ -165,3 +165,21 @@ def test_plan_with_a_study_predicts_every_row_the_enqueued_in_order_the_sampled_
     assert rows[0]["predicted_range"]["interactive"] == [said, said], "all of it known: one value, no range"
     ranked = [r["predicted"]["interactive"] for r in rows[1:]]
     assert ranked == sorted(ranked, reverse=True) and len(set(ranked)) > 1, ranked
+
+
+def test_a_continuous_space_is_drawn_a_few_candidates_the_first_of_a_larger_draw() -> None:
+    """Each candidate costs a simulated capacity search, so a space too large to score whole is drawn
+    ``drawn`` candidates a proposal, seeded: a smaller draw is the start of a larger one."""
+    space = Space.model_validate({"engines": ["vllm"], "parameters": {
+        **PARAMETERS, "memory_fraction": {"low": 0.1, "high": 0.9}}})  # fmt: skip
+    model = model_of()
+    bound = ModelContext(space, {"vllm": VllmAdapter()}, offers(space, ["vllm"], model), model, CPU, INTERACTIVE,
+                         StudyRequests(SHAPES))  # fmt: skip
+    study = optuna.create_study(directions=directions("capacity"))
+    drawn = {}
+    for n in (8, 32):
+        sampler = ModelSampler(seed=0, drawn=n)
+        sampler.bind(bound)
+        drawn[n] = [point for point, _ in sampler._candidates(study, 1)]  # noqa: SLF001
+    assert 0 < len(drawn[8]) <= 8 < len(drawn[32]) <= 32
+    assert drawn[8] == drawn[32][: len(drawn[8])]

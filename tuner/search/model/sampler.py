@@ -5,9 +5,9 @@ proposes:
 
 1. refit the model on the study's served trials (``EngineModel.fit``; warm-started from the last fit);
 2. take the candidates: every config of a discrete space (up to ``GRID_WHOLE``), or ``DRAWN`` drawn
-   from a larger or continuous one, less those the study already tried, those the memory screen says cannot fit
-   (``tuner.search.memory``, calibrated on the study's boots) and those the learned rejections
-   refuse (``tuner.search.rejections``);
+   from a larger or continuous one, less those the study already tried, those the memory screen
+   says cannot fit (``tuner.search.memory``, calibrated on the study's boots) and those the learned
+   rejections refuse (``tuner.search.rejections``);
 3. predict each one's capacity under every scored tier and boot the one with the highest expected
    improvement over the best capacity measured so far (``expected_improvement``: the model's own
    error on this study, widened by what it has not measured, such as a draft never booted); an
