@@ -16,8 +16,10 @@ draw is the first part of a larger one, and what a smaller draw misses is read o
 
 Variants: 256 draws (the count before ``DRAWN``), with every candidate simulated on its own (as
 before the model reused a simulation across KV pools no step filled, ``EngineModel``'s
-``_simulated``) and with the reuse; ``DRAWN``; fewer. Then what one prediction costs on a GPU study's
-steps (the H200 study of ``bench_model_study``), where a simulated step holds far more iterations.
+``_simulated``) and with the reuse; ``DRAWN``; fewer; and ``DRAWN`` predicted over a worker process
+per core (``tuner.search.model.parallel``), as the sampler does by default. Then what one
+prediction costs on a GPU study's steps (the H200 study of ``bench_model_study``), where a simulated
+step holds far more iterations.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from tests.benchmarks import _report, bench_model_study
 from tuner.engines import ADAPTERS
 from tuner.measure.trial import TrialContext
 from tuner.progress import Progress
+from tuner.search.model.parallel import default_workers
 from tuner.search.model.predict import EngineModel, Prediction
 from tuner.search.model.ranking import device_of_study, plan_of_study, shapes_of
 from tuner.search.model.sampler import DRAWN, ModelContext, ModelSampler, Scored, context_of, served_trials
@@ -56,14 +60,16 @@ STUDY_DB = _report.ROOT / "tests" / "benchmarks" / "data" / "proposal_study_cpu.
 STUDY = "qs"
 MD_PATH = _report.REPORTS / "model-sampler.md"
 JSON_PATH = _report.REPORTS / "model_proposal.json"
-VARIANTS = ((256, False), (256, True), (DRAWN, True), (32, True))  # (draws, reuse): before, and now
+# (draws, reuse, worker processes): as before, then each change alone, then all of them
+VARIANTS = ((256, False, 1), (256, True, 1), (DRAWN, True, 1), (32, True, 1), (DRAWN, True, default_workers()))
 
 
 class Timed(ModelSampler):
-    """The model sampler, timing its fit and its scoring, and keeping what it scored."""
+    """The model sampler, timing its fit and its scoring, and keeping what it scored; in one process,
+    also how many capacity searches its model simulated (workers keep their own count)."""
 
-    def __init__(self, seed: int, drawn: int, reuse: bool) -> None:
-        super().__init__(seed, drawn)
+    def __init__(self, seed: int, drawn: int, reuse: bool, workers: int) -> None:
+        super().__init__(seed, drawn, workers)
         self.reuse, self.fit_s, self.simulated = reuse, 0.0, 0
         self.scored: list[Scored] = []
 
@@ -71,18 +77,23 @@ class Timed(ModelSampler):
         began = time.monotonic()
         model = super().model(study)
         self.fit_s += time.monotonic() - began
+        if "predict" not in vars(model):  # once per fitted model
+            model.predict = self._counted(model)  # type: ignore[method-assign]
         return model
 
-    def _predict(self, model: EngineModel, study: optuna.Study, config: Any) -> dict[str, Prediction]:
-        if not self.reuse:
-            model._simulated.clear()  # noqa: SLF001  # each candidate on its own, as before the reuse
-        before = sum(len(v) for v in model._simulated.values())  # noqa: SLF001
-        out = super()._predict(model, study, config)
-        self.simulated += sum(len(v) for v in model._simulated.values()) - before  # noqa: SLF001
-        return out
+    def _counted(self, model: EngineModel) -> Callable[..., dict[str, Prediction]]:
+        def predict(engine: str, params: Any, kv: int | None) -> dict[str, Prediction]:
+            if not self.reuse:
+                model._simulated.clear()  # noqa: SLF001  # each candidate on its own, as before the reuse
+            before = sum(len(v) for v in model._simulated.values())  # noqa: SLF001
+            out = EngineModel.predict(model, engine, params, kv)
+            self.simulated += sum(len(v) for v in model._simulated.values()) - before  # noqa: SLF001
+            return out
 
-    def _score(self, *args: Any, **kwargs: Any) -> Scored:
-        scored = super()._score(*args, **kwargs)
+        return predict
+
+    def _scored(self, *args: Any, **kwargs: Any) -> Scored:
+        scored = super()._scored(*args, **kwargs)
         self.scored.append(scored)
         return scored
 
@@ -103,14 +114,14 @@ def context() -> ModelContext:
     return context_of(space, ctx, offers)
 
 
-def propose(drawn: int, reuse: bool, seed: int) -> dict[str, Any]:
+def propose(drawn: int, reuse: bool, workers: int, seed: int) -> dict[str, Any]:
     """One proposal by a fresh sampler on a fresh context: the study's requests are grown and cut into
     blocks within it, as a study's first proposal does."""
     bound = context()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "study.db"
         shutil.copy(STUDY_DB, db)
-        sampler = Timed(seed, drawn, reuse)
+        sampler = Timed(seed, drawn, reuse, workers)
         sampler.bind(bound)
         study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}", sampler=sampler)
         began = time.monotonic()
@@ -121,8 +132,9 @@ def propose(drawn: int, reuse: bool, seed: int) -> dict[str, Any]:
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
     pick = next((s for s in sampler.scored if _same(s.point, picked)), None)
     return {
-        "drawn": drawn, "reuse": reuse, "total_s": total, "fit_s": sampler.fit_s, "score_s": total - sampler.fit_s,
-        "candidates": len(sampler.scored), "simulated": sampler.simulated, "pick": picked,
+        "drawn": drawn, "reuse": reuse, "workers": workers, "total_s": total, "fit_s": sampler.fit_s,
+        "score_s": total - sampler.fit_s, "candidates": len(sampler.scored),
+        "simulated": sampler.simulated if workers == 1 else None, "pick": picked,
         "gain": None if pick is None else pick.gain,
         "scored": [(s.point, s.gain) for s in sampler.scored],
     }  # fmt: skip
@@ -140,12 +152,13 @@ def rank_in(full: list[tuple[dict[str, Any], float]], params: dict[str, Any]) ->
 
 def run(repeats: int, seed: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    for drawn, reuse in VARIANTS:
-        runs = [propose(drawn, reuse, seed) for _ in range(repeats)]
-        print(f"drawn {drawn} reuse {reuse}: " + ", ".join(f"{r['total_s']:.1f}s" for r in runs), flush=True)
-        rows.append({"drawn": drawn, "reuse": reuse, "runs": runs})
+    for drawn, reuse, workers in VARIANTS:
+        runs = [propose(drawn, reuse, workers, seed) for _ in range(repeats)]
+        print(f"drawn {drawn} reuse {reuse} workers {workers}: " + ", ".join(f"{r['total_s']:.1f}s" for r in runs),
+              flush=True)  # fmt: skip
+        rows.append({"drawn": drawn, "reuse": reuse, "workers": workers, "runs": runs})
     full: list[tuple[dict[str, Any], float]] = next(
-        r for r in rows if r["drawn"] == max(d for d, _ in VARIANTS) and r["reuse"]
+        r for r in rows if r["drawn"] == max(d for d, _, _ in VARIANTS) and r["reuse"]
     )["runs"][0]["scored"]
     for row in rows:
         row["rank"] = rank_in(full, row["runs"][0]["pick"])
@@ -176,18 +189,18 @@ def gpu_predictions() -> dict[str, Any]:
 
 
 def render(data: dict[str, Any]) -> str:
-    header = ["draws", "reuse", "total s (median, range)", "fit s", "scoring s", "candidates", "simulated",
-              "pick's gain", "pick's rank among the largest draw"]  # fmt: skip
+    header = ["draws", "reuse", "worker processes", "total s (median, range)", "fit s", "scoring s", "candidates",
+              "simulated", "pick's gain", "pick's rank among the largest draw"]  # fmt: skip
     body = []
     for row in data["rows"]:
         runs = row["runs"]
         totals = [r["total_s"] for r in runs]
         body.append([
-            row["drawn"], "yes" if row["reuse"] else "no",
+            row["drawn"], "yes" if row["reuse"] else "no", row.get("workers", 1),
             f"{statistics.median(totals):.1f} ({min(totals):.1f}-{max(totals):.1f})",
             f"{statistics.median(r['fit_s'] for r in runs):.1f}",
             f"{statistics.median(r['score_s'] for r in runs):.1f}",
-            runs[0]["candidates"], runs[0]["simulated"],
+            runs[0]["candidates"], "-" if runs[0]["simulated"] is None else runs[0]["simulated"],
             "-" if runs[0]["gain"] is None else f"{runs[0]['gain']:.3g} (best {row['best_gain']:.3g})",
             "-" if row["rank"] is None else f"{row['rank']} of {row['largest']}",
         ])  # fmt: skip
@@ -198,7 +211,8 @@ def render(data: dict[str, Any]) -> str:
         f"`--sampler model` (seed {data['seed']}) proposing that trial on a copy of the study, {data['repeats']} "
         "times: the fit (a study's first also grows its requests to those the served steps sent and cuts each "
         "prompt into blocks), then every candidate predicted (each a simulated capacity search, two where a draft "
-        "is unmeasured). \"Simulated\" counts the candidates' capacity searches the model ran (the rest it "
+        "is unmeasured), in one process or over worker processes. \"Simulated\" counts the candidates' "
+        "capacity searches the model ran in one process (the rest it "
         "reused: a KV pool none of the steps filled is the same simulation). The pick's rank is its place, by "
         "expected gain, among the largest draw's candidates (1 + those with a larger gain).", "",
         _report.table(header, body), "",

@@ -8,7 +8,8 @@ proposes:
    from a larger or continuous one, less those the study already tried, those the memory screen
    says cannot fit (``tuner.search.memory``, calibrated on the study's boots) and those the learned
    rejections refuse (``tuner.search.rejections``);
-3. predict each one's capacity under every scored tier and boot the one with the highest expected
+3. predict each one's capacity under every scored tier, over the machine's cores
+   (``tuner.search.model.parallel``), and boot the one with the highest expected
    improvement over the best capacity measured so far (``expected_improvement``: the model's own
    error on this study, widened by what it has not measured, such as a draft never booted); an
    engine never booted is worth a boot before anything is predicted for it.
@@ -42,6 +43,7 @@ from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
 from tuner.search.model.history import Served, served_of, speculation
+from tuner.search.model.parallel import default_workers, predict_many
 from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
 from tuner.search.model.requests import StudyRequests
 from tuner.search.rejections import rejected_like
@@ -87,9 +89,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
     """Proposes the candidate with the highest expected improvement (see the module docstring).
     ``bind`` gives it the study's context before the first trial; unbound it samples at random."""
 
-    def __init__(self, seed: int | None = None, drawn: int = DRAWN) -> None:
+    def __init__(self, seed: int | None = None, drawn: int = DRAWN, workers: int | None = None) -> None:
+        """``drawn``: candidates drawn from a space too large to score whole; ``workers``: processes
+        that predict them (None: a core each, ``tuner.search.model.parallel``)."""
         self._seed = seed
         self._drawn = drawn
+        self._workers = default_workers() if workers is None else workers
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._context: ModelContext | None = None
         self._cache: tuple[tuple[Any, ...], EngineModel] | None = None
@@ -121,7 +126,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
             return {}
         best = self._best(study)
         sigma = model_sigma(_record(study, c.plan.scored[0]))
-        scored = [self._score(model, study, point, config, best, sigma) for point, config in candidates]
+        jobs = [(config.engine, config.params, self._kv_tokens(study, config)) for _, config in candidates]
+        said = predict_many(model, jobs, self._workers if model.fits else 1)
+        scored = [
+            self._scored(point, config, p, best, sigma) for (point, config), p in zip(candidates, said, strict=True)
+        ]
         rng = random.Random(f"{self._seed}:{trial.number}")
         if not model.fits:  # nothing served yet: nothing to predict from
             # the target alone first where the space has it: a fit of speculative steps alone cannot
@@ -175,11 +184,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
                        adapter.default_memory_fraction, adapter.kv_tokens_required(c.model))  # fmt: skip
         return None if est is None else est.predicted_tokens
 
-    def _score(
-        self, model: EngineModel, study: optuna.Study, point: dict[str, Any], config: Config,
-        best: dict[str, float], sigma: float,
+    def _scored(
+        self, point: dict[str, Any], config: Config, predictions: dict[str, Prediction], best: dict[str, float],
+        sigma: float,
     ) -> Scored:  # fmt: skip
-        predictions = self._predict(model, study, config)
         gains = []
         for tier, p in predictions.items():
             gain = expected_improvement(p, best.get(tier, 0.0), sigma)

@@ -1,0 +1,54 @@
+"""Many configs predicted over worker processes (``tuner.search.model.parallel``): the very predictions
+one process gives, in order, and no worker left behind, whether the pool answers or is given up on."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+from tests.unit.search.test_model import _truth
+from tuner.search.model import parallel
+from tuner.search.model.parallel import Job, predict_many
+
+JOBS: list[Job] = [
+    ("vllm", {"max_num_seqs": seqs, "chunk_size": chunk, "memory_fraction": memory}, kv)
+    for seqs in (1, 4) for chunk in (512, 2048) for memory, kv in ((0.5, 600), (0.9, None))
+]  # fmt: skip
+
+
+def _alone() -> list[dict[str, object]]:
+    model = _truth()
+    return [model.predict(engine, params, kv) for engine, params, kv in JOBS]
+
+
+def test_workers_give_the_predictions_one_process_gives_in_order_and_leave_none_behind() -> None:
+    model = _truth()
+    assert predict_many(model, JOBS, 2) == _alone()
+    assert model._simulated == {}, "this process simulated: the workers did not"  # noqa: SLF001
+    assert multiprocessing.active_children() == []
+    assert parallel._MODEL is None  # noqa: SLF001
+
+
+def test_a_pool_that_does_not_answer_in_time_is_given_up_and_the_configs_predicted_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(parallel, "TIMEOUT_S", 1e-3)
+    model = _truth()
+    assert predict_many(model, JOBS, 2) == _alone()
+    assert model._simulated, "given up on, the pool's configs were predicted here"  # noqa: SLF001
+    assert multiprocessing.active_children() == []
+
+
+def test_configs_alike_but_for_their_memory_go_to_one_worker_and_few_jobs_fork_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    groups = parallel._groups(JOBS)  # noqa: SLF001
+    assert [len(g) for g in groups] == [2, 2, 2, 2]
+    assert all(JOBS[g[0]][1]["chunk_size"] == JOBS[g[1]][1]["chunk_size"] for g in groups)
+
+    def no_fork(*args: object, **kwargs: object) -> None:
+        raise AssertionError("forked for too few jobs")
+
+    monkeypatch.setattr(multiprocessing, "get_context", no_fork)
+    assert predict_many(_truth(), JOBS[:3], 4) == _alone()[:3]
