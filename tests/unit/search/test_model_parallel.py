@@ -3,7 +3,10 @@ one process gives, in order, and no worker left behind, whether the pool answers
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import signal
+import sys
 
 import pytest
 
@@ -11,6 +14,7 @@ from tests.unit.search.test_model import _truth
 from tuner.search.model import parallel
 from tuner.search.model.parallel import Job, predict_many
 
+PR_GET_PDEATHSIG = 2  # prctl(2)
 JOBS: list[Job] = [
     ("vllm", {"max_num_seqs": seqs, "chunk_size": chunk, "memory_fraction": memory}, kv)
     for seqs in (1, 4) for chunk in (512, 2048) for memory, kv in ((0.5, 600), (0.9, None))
@@ -52,3 +56,16 @@ def test_configs_alike_but_for_their_memory_go_to_one_worker_and_few_jobs_fork_n
 
     monkeypatch.setattr(multiprocessing, "get_context", no_fork)
     assert predict_many(_truth(), JOBS[:3], 4) == _alone()[:3]
+
+
+def _death_signal() -> int:
+    parallel._start_worker()  # noqa: SLF001
+    value = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_PDEATHSIG, ctypes.byref(value))
+    return value.value
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_worker_dies_with_the_thread_that_forked_it() -> None:
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_death_signal) == signal.SIGKILL

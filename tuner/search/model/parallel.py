@@ -10,13 +10,14 @@ process (``StudyRequests``).
 
 Configs that differ only in their memory fraction go to one worker together, so a simulation it
 reuses across KV pools (``EngineModel``'s ``_simulated``) is reused there as in one process. The
-workers ignore Ctrl-C (the study's process stops them), are terminated when the proposal ends or
-fails, and a pool that does not answer within ``TIMEOUT_S`` is terminated and its configs predicted
-here instead: slower, never a different answer.
+workers ignore Ctrl-C (the study's process stops them), die with the thread that forked them (Linux),
+are terminated when the proposal ends or fails, and a pool that does not answer within ``TIMEOUT_S``
+is terminated and its configs predicted here instead: slower, never a different answer.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -29,6 +30,7 @@ from tuner.search.model.predict import EngineModel, Prediction
 MAX_WORKERS = 16
 MIN_PER_WORKER = 2  # fewer jobs than this per worker are not worth a fork
 TIMEOUT_S = 1800.0
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that forked it ends
 SAME_SIMULATION_BUT = "memory_fraction"  # the parameter that changes only the KV pool of a config
 
 Job = tuple[str, Mapping[str, Any], int | None]  # engine, params, KV pool in tokens (None: unbounded)
@@ -56,7 +58,7 @@ def predict_many(model: EngineModel, jobs: Sequence[Job], workers: int) -> list[
     try:
         with warnings.catch_warnings():  # Python 3.12 warns of forking a process with threads
             warnings.simplefilter("ignore", DeprecationWarning)
-            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_ignore_interrupts)
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker)
         try:
             answers = pool.map_async(_predict_group, [[jobs[i] for i in g] for g in groups], chunksize=1)
             by_group = answers.get(TIMEOUT_S)
@@ -85,8 +87,14 @@ def _groups(jobs: Sequence[Job]) -> list[list[int]]:
     return list(by_key.values())
 
 
-def _ignore_interrupts() -> None:
+def _start_worker() -> None:
+    """Ctrl-C is the study's process's to handle (it terminates the pool); and a worker dies with the
+    thread that forked it, where Linux can say so, so not even a killed study leaves one behind."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (AttributeError, OSError):  # not Linux: the pool's own shutdown is all there is
+        pass
 
 
 def _predict_group(jobs: list[Job]) -> list[dict[str, Prediction]]:
