@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from tests.benchmarks import _report, bench_model_study
 from tuner.engines import ADAPTERS
 from tuner.measure.trial import TrialContext
 from tuner.progress import Progress
-from tuner.search.model.parallel import default_workers
+from tuner.search.model.parallel import Job, default_workers, predict_many
 from tuner.search.model.predict import EngineModel, Prediction
 from tuner.search.model.ranking import device_of_study, plan_of_study, shapes_of
 from tuner.search.model.sampler import DRAWN, ModelContext, ModelSampler, Scored, context_of, served_trials
@@ -60,6 +61,7 @@ STUDY_DB = _report.ROOT / "tests" / "benchmarks" / "data" / "proposal_study_cpu.
 STUDY = "qs"
 MD_PATH = _report.REPORTS / "model-sampler.md"
 JSON_PATH = _report.REPORTS / "model_proposal.json"
+CHUNKS = (1024, 2048, 4096, 8192)  # the H200 space's chunk sizes (search_spaces/gpu-h200.yaml)
 # (draws, reuse, worker processes): as before, then each change alone, then all of them
 VARIANTS = ((256, False, 1), (256, True, 1), (DRAWN, True, 1), (32, True, 1), (DRAWN, True, default_workers()))
 
@@ -169,9 +171,11 @@ def run(repeats: int, seed: int) -> dict[str, Any]:
 
 
 def gpu_predictions() -> dict[str, Any]:
-    """What one prediction costs on a GPU study's steps: the H200 study's model, fitted on every served
-    trial as ``tuner plan --study`` fits it, predicting each served trial's own config (a known draft:
-    one simulated capacity search; an unmeasured one costs two)."""
+    """What predictions cost on a GPU study's steps: the H200 study's model, fitted on every served
+    trial as ``tuner plan --study`` fits it, predicting each served trial's own config one by one (a
+    known draft: one simulated capacity search; an unmeasured one costs two); then a batch, every
+    served config at each chunk size of the H200 space, in one process and over a worker per core
+    (``predict_many``), checked to give the same predictions."""
     study = optuna.load_study(study_name=bench_model_study.STUDY, storage=bench_model_study.STORAGE)
     plan, device = plan_of_study(study), device_of_study(study)
     assert plan is not None
@@ -185,7 +189,17 @@ def gpu_predictions() -> dict[str, Any]:
         began = time.monotonic()
         model.predict(s.engine, s.params, s.kv_tokens)
         seconds.append(time.monotonic() - began)
-    return {"study": bench_model_study.STUDY, "device": device.name, "fit_s": fit_s, "predict_s": seconds}
+    jobs: list[Job] = [(s.engine, {**s.params, "chunk_size": chunk}, s.kv_tokens) for s in served for chunk in CHUNKS]
+    batch: dict[int, float] = {}
+    said: dict[int, list[dict[str, Prediction]]] = {}
+    for workers in (1, default_workers()):
+        fresh = replace(model)  # no simulation carried over from the run before
+        began = time.monotonic()
+        said[workers] = predict_many(fresh, jobs, workers)
+        batch[workers] = time.monotonic() - began
+    assert said[1] == said[default_workers()], "the workers' predictions differ from one process's"
+    return {"study": bench_model_study.STUDY, "device": device.name, "fit_s": fit_s, "predict_s": seconds,
+            "batch": len(jobs), "batch_s": {str(w): s for w, s in batch.items()}}  # fmt: skip
 
 
 def render(data: dict[str, Any]) -> str:
@@ -216,7 +230,6 @@ def render(data: dict[str, Any]) -> str:
         "reused: a KV pool none of the steps filled is the same simulation). The pick's rank is its place, by "
         "expected gain, among the largest draw's candidates (1 + those with a larger gain).", "",
         _report.table(header, body), "",
-        *_gpu_lines(data.get("gpu")),
     ])  # fmt: skip
 
 
@@ -224,14 +237,17 @@ def _gpu_lines(gpu: dict[str, Any] | None) -> list[str]:
     if not gpu:
         return []
     each = gpu["predict_s"]
-    return [
+    lines = [
         f"On a GPU study's steps (`{gpu['study']}`, {gpu['device']}; the model fitted on every served trial in "
         f"{gpu['fit_s']:.0f} s), one prediction of a served trial's own config took a median "
-        f"{statistics.median(each):.1f} s "
-        f"(range {min(each):.1f}-{max(each):.1f} s, {len(each)} configs) on this machine: a proposal of {DRAWN} "
-        f"candidates would take about {DRAWN * statistics.median(each) / 60:.0f} minutes here, more where drafts are "
-        "unmeasured (two simulations each), while the GPU waits.", "",
+        f"{statistics.median(each):.1f} s (range {min(each):.1f}-{max(each):.1f} s, {len(each)} configs) on this "
+        "machine, in one process.",
     ]  # fmt: skip
+    if gpu.get("batch_s"):
+        times = "; ".join(f"{w} worker process{'es' if w != '1' else ''}: {s:.0f} s" for w, s in gpu["batch_s"].items())
+        lines[0] += (f" A batch of {gpu['batch']} (each served config at every chunk size of the H200 space), the "
+                     f"same predictions either way: {times}.")  # fmt: skip
+    return [*lines, ""]
 
 
 def main() -> None:
@@ -239,16 +255,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--render-only", action="store_true", help="re-render from the JSON")
+    parser.add_argument(
+        "--gpu-only",
+        action="store_true",
+        help="the GPU study's predictions alone (its own section: run it on a GPU host's cores)",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     if args.render_only:
-        stored = json.loads(JSON_PATH.read_text())["proposal"]
-        _report.write_section("proposal", render(stored), stored, MD_PATH, JSON_PATH)
+        stored = json.loads(JSON_PATH.read_text())
+        _report.write_section("proposal", render(stored["proposal"]), stored["proposal"], MD_PATH, JSON_PATH)
+        if "proposal-gpu" in stored:
+            gpu = stored["proposal-gpu"]
+            _report.write_section("proposal-gpu", render_gpu(gpu), gpu, MD_PATH, JSON_PATH)
         return
     started = _report.stamp()
-    data = {"stamp": started, **run(args.repeats, args.seed), "gpu": gpu_predictions()}
-    _report.write_section("proposal", render(data), data, MD_PATH, JSON_PATH)
-    print(render(data))
+    if not args.gpu_only:
+        data = {"stamp": started, **run(args.repeats, args.seed)}
+        _report.write_section("proposal", render(data), data, MD_PATH, JSON_PATH)
+        print(render(data))
+    gpu = {"stamp": _report.stamp(), **gpu_predictions()}
+    _report.write_section("proposal-gpu", render_gpu(gpu), gpu, MD_PATH, JSON_PATH)
+    print(render_gpu(gpu))
+
+
+def render_gpu(gpu: dict[str, Any]) -> str:
+    return "\n".join(["## What a prediction costs on a GPU study's steps (`bench_proposal.py`)", "", *_gpu_lines(gpu)])
 
 
 if __name__ == "__main__":
