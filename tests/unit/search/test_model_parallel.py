@@ -10,9 +10,12 @@ import sys
 
 import pytest
 
-from tests.unit.search.test_model import _truth
-from tuner.search.model import parallel
-from tuner.search.model.parallel import Job, predict_many
+from tests.unit.search.test_model import CPU, _served, _truth
+from tuner.engines.vllm import VllmAdapter
+from tuner.search.model import parallel, predict
+from tuner.search.model.fit import fit_costs
+from tuner.search.model.history import observed
+from tuner.search.model.predict import Job
 
 PR_GET_PDEATHSIG = 2  # prctl(2)
 JOBS: list[Job] = [
@@ -28,10 +31,10 @@ def _alone() -> list[dict[str, object]]:
 
 def test_workers_give_the_predictions_one_process_gives_in_order_and_leave_none_behind() -> None:
     model = _truth()
-    assert predict_many(model, JOBS, 2) == _alone()
+    assert model.predict_many(JOBS, 2) == _alone()
     assert model._simulated == {}, "this process simulated: the workers did not"  # noqa: SLF001
     assert multiprocessing.active_children() == []
-    assert parallel._MODEL is None  # noqa: SLF001
+    assert parallel._SHARED is None  # noqa: SLF001
 
 
 def test_a_pool_that_does_not_answer_in_time_is_given_up_and_the_configs_predicted_here(
@@ -39,7 +42,7 @@ def test_a_pool_that_does_not_answer_in_time_is_given_up_and_the_configs_predict
 ) -> None:
     monkeypatch.setattr(parallel, "TIMEOUT_S", 1e-3)
     model = _truth()
-    assert predict_many(model, JOBS, 2) == _alone()
+    assert model.predict_many(JOBS, 2) == _alone()
     assert model._simulated, "given up on, the pool's configs were predicted here"  # noqa: SLF001
     assert multiprocessing.active_children() == []
 
@@ -47,7 +50,7 @@ def test_a_pool_that_does_not_answer_in_time_is_given_up_and_the_configs_predict
 def test_configs_alike_but_for_their_memory_go_to_one_worker_and_few_jobs_fork_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    groups = parallel._groups(JOBS)  # noqa: SLF001
+    groups = predict._alike(JOBS)  # noqa: SLF001
     assert [len(g) for g in groups] == [2, 2, 2, 2]
     assert all(JOBS[g[0]][1]["chunk_size"] == JOBS[g[1]][1]["chunk_size"] for g in groups)
 
@@ -55,7 +58,7 @@ def test_configs_alike_but_for_their_memory_go_to_one_worker_and_few_jobs_fork_n
         raise AssertionError("forked for too few jobs")
 
     monkeypatch.setattr(multiprocessing, "get_context", no_fork)
-    assert predict_many(_truth(), JOBS[:3], 4) == _alone()[:3]
+    assert _truth().predict_many(JOBS[:3], 4) == _alone()[:3]
 
 
 def _death_signal() -> int:
@@ -69,3 +72,13 @@ def _death_signal() -> int:
 def test_a_worker_dies_with_the_thread_that_forked_it() -> None:
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_death_signal) == signal.SIGKILL
+
+
+def test_a_fit_over_workers_is_the_fit_of_one_process() -> None:
+    """Each round's steps simulated over two workers, in the same order: the very same costs."""
+    truth = _truth()
+    served = [_served(truth, {"max_num_seqs": 8, "chunk_size": 512}), _served(truth, {"max_num_seqs": 1})]
+    steps = [step for s in served for step in observed(s, VllmAdapter(), CPU, 0.0)]
+    alone, spread = fit_costs(steps), fit_costs(steps, workers=2)
+    assert alone is not None and spread == alone
+    assert multiprocessing.active_children() == []

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tuner.search.model.parallel import Workers, shared
 from tuner.search.model.simulate import DRAFT_FEATURES, TARGET_FEATURES, Limits, Speculation, Work, simulate
 
 ITERATIONS = 20  # fixed-point rounds at most
@@ -135,10 +136,40 @@ def _initial(steps: Sequence[ObservedStep], drafts: Sequence[str]) -> np.ndarray
 
 
 def _equations(
-    steps: Sequence[ObservedStep], costs: np.ndarray, drafts: Sequence[str]
+    steps: Sequence[ObservedStep], costs: np.ndarray, drafts: Sequence[str], pool: Workers | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every measured token time as one linear equation in the costs, under the schedule ``costs`` give."""
-    rows, ys, weights = [], [], []
+    """Every measured token time as one linear equation in the costs, under the schedule ``costs`` give
+    (the steps simulated over ``pool``'s workers where it has them, in the same order)."""
+    chunks = _chunks(len(steps), pool.n if pool is not None else 1)
+    done = pool.map(_chunk_equations, [(chunk, costs) for chunk in chunks]) if pool is not None else None
+    if done is None:
+        done = [_step_equations([steps[i] for i in chunk], costs, drafts) for chunk in chunks]
+    rows = [r for part in done for r in part[0]]
+    ys = [y for part in done for y in part[1]]
+    weights = [w for part in done for w in part[2]]
+    return np.array(rows), np.array(ys), np.array(weights)
+
+
+def _chunks(n: int, workers: int) -> list[range]:
+    """``range(n)`` cut into a few contiguous runs per worker (one run where it is alone)."""
+    parts = 1 if workers <= 1 else min(n, 4 * workers)
+    edges = [round(i * n / parts) for i in range(parts + 1)]
+    return [range(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a] or [range(0)]
+
+
+def _chunk_equations(task: tuple[range, np.ndarray]) -> tuple[list[np.ndarray], list[float], list[float]]:
+    """In a worker: ``_step_equations`` of the shared steps in ``task``'s run, at its costs."""
+    steps, drafts = shared()
+    chunk, costs = task
+    return _step_equations([steps[i] for i in chunk], costs, drafts)
+
+
+def _step_equations(
+    steps: Sequence[ObservedStep], costs: np.ndarray, drafts: Sequence[str]
+) -> tuple[list[np.ndarray], list[float], list[float]]:
+    rows: list[np.ndarray] = []
+    ys: list[float] = []
+    weights: list[float] = []
     n_target = len(TARGET_FEATURES)
     for step in steps:
         timelines = simulate(step.works, step.limits, _theta_for(costs, drafts, step.spec), step.spec)
@@ -162,7 +193,7 @@ def _equations(
                 # both latencies, not either alone (see the module's docstring)
                 model_s = max(simulated + costs[-1] - work.arrival_s, MIN_LATENCY_S)
                 weights.append(1.0 / math.sqrt(model_s * max(measured - work.arrival_s, MIN_LATENCY_S)))
-    return np.array(rows), np.array(ys), np.array(weights)
+    return rows, ys, weights
 
 
 def _residual(a: np.ndarray, y: np.ndarray, w: np.ndarray, costs: np.ndarray) -> float:
@@ -185,8 +216,11 @@ def _start(steps: Sequence[ObservedStep], drafts: Sequence[str], start: Fit | No
     return costs
 
 
-def fit_costs(steps: Sequence[ObservedStep], rounds: int = ITERATIONS, start: Fit | None = None) -> Fit | None:
-    """The costs that best explain ``steps`` (one engine's), or None without a measured request.
+def fit_costs(
+    steps: Sequence[ObservedStep], rounds: int = ITERATIONS, start: Fit | None = None, workers: int = 1
+) -> Fit | None:
+    """The costs that best explain ``steps`` (one engine's), or None without a measured request; each
+    round's simulations over up to ``workers`` processes (the same fit, sooner).
 
     Each round moves the costs ``RELAX`` times the way the least squares points (the plain fixed
     point creeps towards its answer one schedule at a time); the round whose costs simulate the
@@ -194,17 +228,18 @@ def fit_costs(steps: Sequence[ObservedStep], rounds: int = ITERATIONS, start: Fi
     drafts = sorted({s.spec.draft for s in steps if s.spec is not None})
     costs = _start(steps, drafts, start)
     best: tuple[float, np.ndarray, int] | None = None
-    for done in range(1, rounds + 1):
-        a, y, w = _equations(steps, costs, drafts)
-        if len(y) == 0:
-            return None
-        residual = _residual(a, y, w, costs)
-        if best is None or residual < best[0]:
-            best = (residual, costs, done)
-        new = nnls(a * w[:, None], y * w)
-        if np.abs(new - costs).max() <= TOLERANCE * max(float(np.abs(new).max()), 1e-12):
-            break
-        costs = np.maximum(costs + RELAX * (new - costs), 0.0)
+    with Workers((steps, drafts), min(workers, len(steps))) as pool:
+        for done in range(1, rounds + 1):
+            a, y, w = _equations(steps, costs, drafts, pool)
+            if len(y) == 0:
+                return None
+            residual = _residual(a, y, w, costs)
+            if best is None or residual < best[0]:
+                best = (residual, costs, done)
+            new = nnls(a * w[:, None], y * w)
+            if np.abs(new - costs).max() <= TOLERANCE * max(float(np.abs(new).max()), 1e-12):
+                break
+            costs = np.maximum(costs + RELAX * (new - costs), 0.0)
     assert best is not None
     residual, costs, done = best
     n_target, n_draft = len(TARGET_FEATURES), len(DRAFT_FEATURES)

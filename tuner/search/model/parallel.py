@@ -1,41 +1,39 @@
-"""Many configs predicted at once, across the machine's cores: what a ``--sampler model`` proposal costs.
+"""The performance model's simulations spread over worker processes forked from this one.
 
-Every candidate of a proposal is a simulated capacity search (``EngineModel.predict``), pure Python,
-so one core predicts them one after another while the GPU waits (reports/model-sampler.md, "What a
-proposal costs"). Here they are spread over worker processes forked from this one: a fork inherits
-the fitted model as it is (its requests grow through the workload's own closure, which no pickle
-carries), and each worker sends back only its predictions. The predictions are the ones one process
-gives: the simulator is deterministic, and the study's requests grow in the same order in every
-process (``StudyRequests``).
+A fit simulates every measured step at each of its rounds, and a ``--sampler model`` proposal
+simulates a capacity search for every candidate: pure Python, one core at a time, while the GPU
+waits (reports/model-sampler.md, "What a proposal costs"). ``Workers`` forks a pool of processes
+that inherit what they work on as it is in this process (``shared``: the fitted model, whose
+requests grow through the workload's own closure, which no pickle carries; or the measured steps),
+and are sent only small tasks (a round's costs, a list of configs) and send back their results.
+The work is deterministic, so the results are those this process would get, in the same order.
 
-Configs that differ only in their memory fraction go to one worker together, so a simulation it
-reuses across KV pools (``EngineModel``'s ``_simulated``) is reused there as in one process. The
-workers ignore Ctrl-C (the study's process stops them), die with the thread that forked them (Linux),
-are terminated when the proposal ends or fails, and a pool that does not answer within ``TIMEOUT_S``
-is terminated and its configs predicted here instead: slower, never a different answer.
+The workers ignore Ctrl-C (the study's process stops them), die with the thread that forked them
+(Linux), and are terminated when the work ends or fails. A pool that does not answer within
+``TIMEOUT_S`` is terminated and ``map`` says so (None): the caller then does the work itself,
+slower, never differently.
 """
 
 from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from tuner.search.model.predict import EngineModel, Prediction
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
 
 MAX_WORKERS = 16
-MIN_PER_WORKER = 2  # fewer jobs than this per worker are not worth a fork
 TIMEOUT_S = 1800.0
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that forked it ends
-SAME_SIMULATION_BUT = "memory_fraction"  # the parameter that changes only the KV pool of a config
 
-Job = tuple[str, Mapping[str, Any], int | None]  # engine, params, KV pool in tokens (None: unbounded)
+T = TypeVar("T")
+R = TypeVar("R")
 
-_MODEL: EngineModel | None = None  # the model the forked workers inherit
+_SHARED: Any = None  # what the forked workers inherit
 
 
 def default_workers() -> int:
@@ -47,44 +45,51 @@ def default_workers() -> int:
     return max(1, min(MAX_WORKERS, cores))
 
 
-def predict_many(model: EngineModel, jobs: Sequence[Job], workers: int) -> list[dict[str, Prediction]]:
-    """``model.predict`` of every job, in order, over up to ``workers`` processes."""
-    groups = _groups(jobs)
-    workers = min(workers, len(groups), len(jobs) // MIN_PER_WORKER)
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [model.predict(engine, params, kv) for engine, params, kv in jobs]
-    global _MODEL
-    _MODEL = model
-    try:
-        with warnings.catch_warnings():  # Python 3.12 warns of forking a process with threads
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker)
+def shared() -> Any:
+    """In a worker: what ``Workers`` was given to share."""
+    return _SHARED
+
+
+class Workers:
+    """``n`` processes forked from this one on entry (none where ``n`` <= 1 or the OS cannot fork),
+    sharing ``what`` as it is then; ``map`` runs a module-level function over tasks on them."""
+
+    def __init__(self, what: Any, n: int) -> None:
+        self._what, self.n = what, n
+        self._pool: multiprocessing.pool.Pool | None = None
+
+    def __enter__(self) -> Workers:
+        if self.n > 1 and "fork" in multiprocessing.get_all_start_methods():
+            global _SHARED
+            _SHARED = self._what
+            with warnings.catch_warnings():  # Python 3.12 warns of forking a process with threads
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._pool = multiprocessing.get_context("fork").Pool(self.n, initializer=_start_worker)
+        return self
+
+    def map(self, fn: Callable[[T], R], tasks: Sequence[T]) -> list[R] | None:
+        """``fn`` of every task, in order; None without a pool, or where it did not answer in time
+        (the pool is then closed, and every later ``map`` says None too)."""
+        if self._pool is None:
+            return None
         try:
-            answers = pool.map_async(_predict_group, [[jobs[i] for i in g] for g in groups], chunksize=1)
-            by_group = answers.get(TIMEOUT_S)
+            return list(self._pool.map_async(fn, tasks, chunksize=1).get(TIMEOUT_S))
         except multiprocessing.TimeoutError:
-            by_group = None
-        finally:
-            pool.terminate()
-            pool.join()
-    finally:
-        _MODEL = None
-    if by_group is None:
-        return [model.predict(engine, params, kv) for engine, params, kv in jobs]
-    out: list[dict[str, Prediction] | None] = [None] * len(jobs)
-    for group, predictions in zip(groups, by_group, strict=True):
-        for i, p in zip(group, predictions, strict=True):
-            out[i] = p
-    return [p for p in out if p is not None]
+            self._close()
+            return None
 
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._close()
 
-def _groups(jobs: Sequence[Job]) -> list[list[int]]:
-    """Job indices, those alike but for the memory fraction together, in first-seen order."""
-    by_key: dict[str, list[int]] = {}
-    for i, (engine, params, _) in enumerate(jobs):
-        key = repr((engine, sorted((k, repr(v)) for k, v in params.items() if k != SAME_SIMULATION_BUT)))
-        by_key.setdefault(key, []).append(i)
-    return list(by_key.values())
+    def _close(self) -> None:
+        global _SHARED
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+        _SHARED = None
 
 
 def _start_worker() -> None:
@@ -95,8 +100,3 @@ def _start_worker() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (AttributeError, OSError):  # not Linux: the pool's own shutdown is all there is
         pass
-
-
-def _predict_group(jobs: list[Job]) -> list[dict[str, Prediction]]:
-    assert _MODEL is not None, "a worker forked without the model"
-    return [_MODEL.predict(engine, params, kv) for engine, params, kv in jobs]

@@ -55,6 +55,7 @@ from tuner.search.model.history import (
     speculation,
     step_works,
 )
+from tuner.search.model.parallel import Workers, shared
 from tuner.search.model.requests import Shape, StudyRequests
 from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, pool_blocks, simulate
 from tuner.workloads.arrivals import Arrival, release_times
@@ -67,6 +68,10 @@ RANGE_POINTS = 9  # points a range is averaged over in the expected improvement
 UNKNOWN_ACCEPTANCE = (0.0, 1.0)
 NO_ACCEPTANCE = 0.0  # the acceptance a fit assumes for a step whose counters and draft say nothing
 TICK_S = 0.5  # how often a simulated step's monitor looks: coarser than a real one's, for speed
+MIN_PER_WORKER = 2  # fewer configs than this per worker are not worth a fork
+SAME_SIMULATION_BUT = "memory_fraction"  # the parameter that changes only a config's KV pool
+
+Job = tuple[str, Mapping[str, Any], int | None]  # engine, params, KV pool in tokens (None: unbounded)
 
 
 @dataclass(frozen=True)
@@ -117,10 +122,11 @@ class EngineModel:
     def fit(
         cls, served: Sequence[Served], adapters: Mapping[str, EngineAdapter], device: Device, plan: CapacityPlan,
         requests: Sequence[Shape] | StudyRequests, start: Mapping[str, Fit] | None = None, hold: bool = True,
+        workers: int = 1,
     ) -> EngineModel:  # fmt: skip
         """Fit every engine ``served`` holds (``start``: an earlier model's fits, to start from;
         ``requests``: the study's requests, or their shapes alone, sent again in order where a step
-        needs more)."""
+        needs more; ``workers``: processes the fit's simulations are spread over)."""
         fits, acceptance, plain, shares = {}, {}, {}, {}
         for engine in sorted({s.engine for s in served}):
             mine = [s for s in served if s.engine == engine]
@@ -132,7 +138,7 @@ class EngineModel:
                 proposer = proposer_of(s.params) or ""
                 accept = acceptance[engine].get(proposer, NO_ACCEPTANCE)
                 steps += observed(s, adapters[engine], device, accept, shares[engine].get(proposer, 1.0))
-            fitted = fit_costs(steps, start=(start or {}).get(engine))
+            fitted = fit_costs(steps, start=(start or {}).get(engine), workers=workers)
             if fitted is not None:
                 fits[engine] = fitted
         hits = [hit_rate(step) for s in served for step in s.steps if "prefix_cache_hit_rate" in step.server]
@@ -175,6 +181,21 @@ class EngineModel:
         said = "acceptance 0 to 1" if accept is None else f"per-position acceptance {accept:.2f} as measured"
         why = f"draft {spec.draft} never booted on {engine}: {said}, drafting free to as dear as the target"
         return {t: Prediction(t, _middle(slow[t], fast[t]), slow[t], fast[t], why) for t in tiers}
+
+    def predict_many(self, jobs: Sequence[Job], workers: int = 1) -> list[dict[str, Prediction]]:
+        """``predict`` of every job, in order, over up to ``workers`` processes forked from this one
+        (``tuner.search.model.parallel``): the predictions one process gives. Configs alike but for
+        their memory fraction go to one worker together, so a simulation reused across KV pools
+        (``_simulated``) is reused there as it is here."""
+        groups = _alike(jobs)
+        with Workers(self, min(workers, len(groups), len(jobs) // MIN_PER_WORKER)) as pool:
+            by_group = pool.map(_predict_group, [[jobs[i] for i in g] for g in groups])
+        if by_group is None:
+            return [self.predict(engine, params, kv) for engine, params, kv in jobs]
+        out: dict[int, dict[str, Prediction]] = {}
+        for group, predictions in zip(groups, by_group, strict=True):
+            out.update(zip(group, predictions, strict=True))
+        return [out[i] for i in range(len(jobs))]
 
     def drive_rows(
         self, engine: str, params: Mapping[str, Any], kv_tokens: int | None, n: int, concurrency: int
@@ -286,6 +307,21 @@ class EngineModel:
                  "blocks": shape.blocks if known else None, "error": None}
                 for t, shape in zip(times, islice(cycle(shapes), n), strict=True)]  # fmt: skip
         return self._served(rows, limits, theta, spec, overhead_s, waiting, demand=demand)
+
+
+def _alike(jobs: Sequence[Job]) -> list[list[int]]:
+    """Job indices, those alike but for the memory fraction together, in first-seen order."""
+    by_key: dict[str, list[int]] = {}
+    for i, (engine, params, _) in enumerate(jobs):
+        key = repr((engine, sorted((k, repr(v)) for k, v in params.items() if k != SAME_SIMULATION_BUT)))
+        by_key.setdefault(key, []).append(i)
+    return list(by_key.values())
+
+
+def _predict_group(jobs: list[Job]) -> list[dict[str, Prediction]]:
+    model = shared()
+    assert isinstance(model, EngineModel), "a worker forked without the model"
+    return [model.predict(engine, params, kv) for engine, params, kv in jobs]
 
 
 def _with_draft(fit: Fit, costs: tuple[float, float]) -> np.ndarray:

@@ -43,7 +43,7 @@ from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
 from tuner.search.model.history import Served, served_of, speculation
-from tuner.search.model.parallel import default_workers, predict_many
+from tuner.search.model.parallel import default_workers
 from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
 from tuner.search.model.requests import StudyRequests
 from tuner.search.rejections import rejected_like
@@ -91,7 +91,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, seed: int | None = None, drawn: int = DRAWN, workers: int | None = None) -> None:
         """``drawn``: candidates drawn from a space too large to score whole; ``workers``: processes
-        that predict them (None: a core each, ``tuner.search.model.parallel``)."""
+        the fit's and the candidates' simulations are spread over (None: a core each,
+        ``tuner.search.model.parallel``)."""
         self._seed = seed
         self._drawn = drawn
         self._workers = default_workers() if workers is None else workers
@@ -127,7 +128,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         best = self._best(study)
         sigma = model_sigma(_record(study, c.plan.scored[0]))
         jobs = [(config.engine, config.params, self._kv_tokens(study, config)) for _, config in candidates]
-        said = predict_many(model, jobs, self._workers if model.fits else 1)
+        said = model.predict_many(jobs, self._workers if model.fits else 1)
         scored = [
             self._scored(point, config, p, best, sigma) for (point, config), p in zip(candidates, said, strict=True)
         ]
@@ -166,7 +167,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
         served = [(t.number, s) for t in done if (s := served_of(t, c.requests)) is not None]
         key = tuple(n for n, _ in served)
         if self._cache is None or self._cache[0] != key:
-            model = EngineModel.fit([s for _, s in served], c.adapters, c.device, c.plan, c.requests, self._fits)
+            model = EngineModel.fit([s for _, s in served], c.adapters, c.device, c.plan, c.requests, self._fits,
+                                    workers=self._workers)  # fmt: skip
             self._fits = dict(model.fits)
             self._cache = (key, model)
         return self._cache[1]
