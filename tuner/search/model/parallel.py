@@ -8,8 +8,10 @@ requests grow through the workload's own closure, which no pickle carries; or th
 and are sent only small tasks (a round's costs, a list of configs) and send back their results.
 The work is deterministic, so the results are those this process would get, in the same order.
 
-The workers ignore Ctrl-C (the study's process stops them), die with the thread that forked them
-(Linux), and are terminated when the work ends or fails. A pool that does not answer within
+One pool at a time in a process: the shared work is a module global, and a study samples its trials
+one at a time (under its reservation lock, ``tuner.fleet.loop``). The workers ignore Ctrl-C (the
+study's process stops them), die with the thread that forked them (Linux), and are terminated when
+the work ends or fails. A pool that does not answer within
 ``TIMEOUT_S`` is terminated and ``map`` says so (None): the caller then does the work itself,
 slower, never differently.
 """
