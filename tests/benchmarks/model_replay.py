@@ -52,8 +52,8 @@ class TracingSampler(ModelSampler):
             best = self._best(study)
             sigma = model_sigma(_record(study, c.plan.scored[0]))
             scored = [
-                self._scored(p, cfg, self._predict(model, study, cfg), best, sigma)
-                for p, cfg in self._candidates(study, trial.number)
+                self._scored(p, cfg, model.predict(cfg.engine, cfg.params, kv), best, sigma)
+                for p, cfg, kv in self._candidates(study, trial.number)
             ]
             plain = [s for s in scored if speculation(s.config.params, 0.0) is None]
             self.notes[trial.number] = {

@@ -113,7 +113,7 @@ def test_a_proposal_names_its_draft_a_tried_one_is_not_proposed_again_and_the_ta
     assert set(tried) <= set(dists), sorted(dists)  # the draft's Optuna name as the space asks for it
     study.add_trial(optuna.trial.create_trial(params=tried, distributions={k: dists[k] for k in tried},
                                               values=[1.0]))  # fmt: skip
-    proposed = [point for point, _ in sampler._candidates(study, 1)]  # noqa: SLF001
+    proposed = [point for point, *_ in sampler._candidates(study, 1)]  # noqa: SLF001
     assert tried not in proposed
     drafted = [p for p in proposed if p.get("vllm.spec_method") == "draft_model"]
     assert drafted and all(p.get("vllm.draft_model.draft") in ("draft-2l", "draft-1l") for p in drafted)
@@ -180,6 +180,6 @@ def test_a_continuous_space_is_drawn_a_few_candidates_the_first_of_a_larger_draw
     for n in (8, 32):
         sampler = ModelSampler(seed=0, drawn=n)
         sampler.bind(bound)
-        drawn[n] = [point for point, _ in sampler._candidates(study, 1)]  # noqa: SLF001
+        drawn[n] = [point for point, *_ in sampler._candidates(study, 1)]  # noqa: SLF001
     assert 0 < len(drawn[8]) <= 8 < len(drawn[32]) <= 32
     assert drawn[8] == drawn[32][: len(drawn[8])]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner.search.model.parallel import Workers, shared
+from tuner.search.model.parallel import Workers, inherited
 from tuner.search.model.simulate import DRAFT_FEATURES, TARGET_FEATURES, Limits, Speculation, Work, simulate
 
 ITERATIONS = 20  # fixed-point rounds at most
@@ -159,7 +159,7 @@ def _chunks(n: int, workers: int) -> list[range]:
 
 def _chunk_equations(task: tuple[range, np.ndarray]) -> tuple[list[np.ndarray], list[float], list[float]]:
     """In a worker: ``_step_equations`` of the shared steps in ``task``'s run, at its costs."""
-    steps, drafts = shared()
+    steps, drafts = inherited()
     chunk, costs = task
     return _step_equations([steps[i] for i in chunk], costs, drafts)
 

@@ -3,7 +3,7 @@
 A fit simulates every measured step at each of its rounds, and a ``--sampler model`` proposal
 simulates a capacity search for every candidate: pure Python, one core at a time, while the GPU
 waits (reports/model-sampler.md, "What a proposal costs"). ``Workers`` forks a pool of processes
-that inherit what they work on as it is in this process (``shared``: the fitted model, whose
+that inherit what they work on as it is in this process (``inherited``: the fitted model, whose
 requests grow through the workload's own closure, which no pickle carries; or the measured steps),
 and are sent only small tasks (a round's costs, a list of configs) and send back their results.
 The work is deterministic, so the results are those this process would get, in the same order.
@@ -47,8 +47,8 @@ def default_workers() -> int:
     return max(1, min(MAX_WORKERS, cores))
 
 
-def shared() -> Any:
-    """In a worker: what ``Workers`` was given to share."""
+def inherited() -> Any:
+    """In a worker: what ``Workers`` was given to share, as the fork found it."""
     return _SHARED
 
 

@@ -55,7 +55,7 @@ from tuner.search.model.history import (
     speculation,
     step_works,
 )
-from tuner.search.model.parallel import Workers, shared
+from tuner.search.model.parallel import Workers, inherited
 from tuner.search.model.requests import Shape, StudyRequests
 from tuner.search.model.simulate import TARGET_FEATURES, Limits, Speculation, pool_blocks, simulate
 from tuner.workloads.arrivals import Arrival, release_times
@@ -319,7 +319,7 @@ def _alike(jobs: Sequence[Job]) -> list[list[int]]:
 
 
 def _predict_group(jobs: list[Job]) -> list[dict[str, Prediction]]:
-    model = shared()
+    model = inherited()
     assert isinstance(model, EngineModel), "a worker forked without the model"
     return [model.predict(engine, params, kv) for engine, params, kv in jobs]
 

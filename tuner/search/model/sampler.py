@@ -127,10 +127,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
             return {}
         best = self._best(study)
         sigma = model_sigma(_record(study, c.plan.scored[0]))
-        jobs = [(config.engine, config.params, self._kv_tokens(study, config)) for _, config in candidates]
-        said = model.predict_many(jobs, self._workers if model.fits else 1)
+        said = model.predict_many([(config.engine, config.params, kv) for _, config, kv in candidates],
+                                  self._workers if model.fits else 1)  # fmt: skip
         scored = [
-            self._scored(point, config, p, best, sigma) for (point, config), p in zip(candidates, said, strict=True)
+            self._scored(point, config, p, best, sigma) for (point, config, _), p in zip(candidates, said, strict=True)
         ]
         rng = random.Random(f"{self._seed}:{trial.number}")
         if not model.fits:  # nothing served yet: nothing to predict from
@@ -208,9 +208,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
                     best[tier] = float(value)
         return best
 
-    def _candidates(self, study: optuna.Study, number: int) -> list[tuple[dict[str, Any], Config]]:
+    def _candidates(self, study: optuna.Study, number: int) -> list[tuple[dict[str, Any], Config, int | None]]:
         """Configs worth predicting: not tried yet, not screened out, not refused by the engine (its own
-        validation, or like an earlier config)."""
+        validation, or like an earlier config); each with the KV pool the memory screen gives it
+        (``_kv_tokens``, from the estimate that screened it)."""
         c = self._context
         assert c is not None
         try:
@@ -224,10 +225,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         tried = [t.params for t in study.get_trials(deepcopy=False) if t.params]
         finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         history = observations([t.user_attrs for t in finished])
-        out: list[tuple[dict[str, Any], Config]] = []
+        out: list[tuple[dict[str, Any], Config, int | None]] = []
         for point in points:
             config, canonical = _suggested(c, point, False)
-            if canonical in tried or any(canonical == o for o, _ in out):
+            if canonical in tried or any(canonical == o for o, _, _ in out):
                 continue
             adapter = c.adapters[config.engine]
             est = estimate(config, c.model, c.device, history, adapter.default_memory_fraction,
@@ -237,7 +238,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
             version = c.versions.get(config.engine)
             if version is not None and adapter.refusal(config.params, c.device, version) is not None:
                 continue
-            out.append((canonical, config))
+            out.append((canonical, config, None if est is None else est.predicted_tokens))
         return out
 
     def _store(
