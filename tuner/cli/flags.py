@@ -16,7 +16,7 @@ from tuner.errors import ConfigError
 from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
 from tuner.search.options import CPU_DEFAULT_PLAN, DEFAULT_PLAN
 from tuner.search.resolve import CPU_STEPS, GPU_STEPS
-from tuner.search.samplers import DEFAULT_SAMPLER, SAMPLERS
+from tuner.search.samplers import SAMPLERS
 from tuner.search.scoring import DEFAULT_OBJECTIVE, OBJECTIVES
 from tuner.workloads import rag
 from tuner.workloads.arrivals import MIN_BURSTINESS
@@ -207,8 +207,8 @@ def _capacity_flags(s: argparse.ArgumentParser, worker: bool = False) -> None:
 def _strategy_flags(s: argparse.ArgumentParser) -> None:
     """How a search proposes, screens, prunes, checks and places its trials."""
     s.add_argument(
-        "--sampler", default=DEFAULT_SAMPLER, choices=SAMPLERS,
-        help=f"how configs are proposed (default {DEFAULT_SAMPLER})",
+        "--sampler", default=None, choices=SAMPLERS,
+        help="how configs are proposed (default: model for the capacity objectives, tpe for the others)",
     )  # fmt: skip
     s.add_argument(
         "--no-screen", dest="screen", action="store_false", help="boot every config, even one the memory screen rejects"

@@ -9,7 +9,7 @@ from typing import Any
 from tuner.engines.base import Device
 from tuner.errors import ConfigError
 from tuner.measure.capacity import ATTAINMENT_TARGET, RESOLUTION
-from tuner.search.samplers import DEFAULT_SAMPLER
+from tuner.search.samplers import default_sampler
 from tuner.study.objectives import DEFAULT_OBJECTIVE
 from tuner.workloads.base import DEFAULT_TIER
 
@@ -45,7 +45,7 @@ class SearchOptions:
     resolution: float = RESOLUTION  # the capacity search's relative precision
     confidence: float | None = None  # how sure a step's decision must be (None: the device's default)
     gpu_price: float | None = None  # USD per GPU-hour: capacities priced per million output tokens
-    sampler: str = DEFAULT_SAMPLER
+    sampler: str | None = None  # --sampler; None: the objective's default (see sampler_name)
     screen: bool = True  # the pre-boot memory screen (tuner.search.memory)
     prune: bool = True  # stop trials clearly worse than the feasible ones so far (tuner.search.pruning)
     stress: bool = True  # the stress check of the finalists before a winner is named (tuner.measure.stress)
@@ -53,6 +53,10 @@ class SearchOptions:
     gpus_per_trial: int = 1
     worker: bool = False  # tuner worker: a fleet member (server database, no finalists)
     space_dump: dict[str, Any] | None = None  # a worker joining a study: the study's own space
+
+    def sampler_name(self) -> str:
+        """The sampler the study runs: ``--sampler``, else the objective's default."""
+        return self.sampler or default_sampler(self.objective)
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ def open_for(opts: SearchOptions, name: str, url: str) -> optuna.Study:
             storage = heartbeat_storage(url)
         except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
             raise StorageError(f"cannot open {url}: {str(exc).splitlines()[0]}") from exc
-    return open_study(name, storage, directions(opts.objective), make_sampler(opts.sampler, opts.seed))
+    return open_study(name, storage, directions(opts.objective), make_sampler(opts.sampler_name(), opts.seed))
 
 
 def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
@@ -133,7 +133,7 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         progress.line(line)
     workload = resolve_workload(opts, model, given)
     capacity = capacity_plan(opts, workload, device)
-    if opts.sampler == "model" and capacity is None:
+    if opts.sampler_name() == "model" and capacity is None:
         raise ConfigError("--sampler model predicts capacity: use --objective capacity or capacity-pareto")
     if capacity is not None:
         slo = dict(capacity.tiers[capacity.scored[0]])  # what the stress check and goodput judge against
@@ -154,7 +154,7 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
         with lock.held():  # workers starting together enqueue the defaults, the space's configs (and the grid) once
             enqueue_defaults(study, list(engines))
             enqueue_configs(study, enqueued)
-            if opts.sampler == "grid":
+            if opts.sampler_name() == "grid":
                 enqueue_grid(study, space, offers, opts.seed)
         log_dir = opts.log_dir.resolve() / safe_name(name)
         ctx = TrialContext(
