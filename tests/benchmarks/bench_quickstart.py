@@ -9,6 +9,10 @@ with this checkout's ``.venv`` and engines (``TUNER_ENGINES_DIR``): the set-up h
 is ``scripts/setup.sh``, whose time depends on the network and is not measured here. Every progress
 line is stamped as it arrives, so the table splits the wall time into the search's trials, the
 finalists' repeats and the rest. The README promises the study ends in under ``LIMIT_S``.
+
+``--vs-sampler NAME`` times the same study with ``--sampler NAME`` in turn with the README's command,
+each round in a fresh clone of its own: how the default sampler's proposals weigh on the study's
+wall time against another sampler's, side by side on one machine in one run.
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ JSON_PATH = _report.REPORTS / "quickstart.json"
 TITLE = "# The Quickstart's study, timed\n\nWritten by `tests/benchmarks/bench_quickstart.py`.\n"
 
 
-def one_run(clone: Path) -> dict[str, Any]:
-    """The README's study command in ``clone``: every stderr line with its second since the start."""
+README_ARGS = ["search", "--workload", "rag"]
+
+
+def one_run(clone: Path, extra: list[str]) -> dict[str, Any]:
+    """The README's study command (with ``extra`` appended) in ``clone``: every stderr line with its
+    second since the start."""
     env = {**os.environ, "TUNER_ENGINES_DIR": str(_report.ROOT / ".engines")}
-    argv = [str(_report.ROOT / ".venv" / "bin" / "tuner"), "search", "--workload", "rag"]
+    argv = [str(_report.ROOT / ".venv" / "bin" / "tuner"), *README_ARGS, *extra]
     start = time.monotonic()
     lines: list[tuple[float, str]] = []
     with subprocess.Popen(argv, cwd=clone, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -45,7 +53,8 @@ def one_run(clone: Path) -> dict[str, Any]:
         stdout = proc.stdout.read() if proc.stdout else ""
         rc = proc.wait()
     wall = time.monotonic() - start
-    return {"rc": rc, "wall_s": wall, "phases": phases(lines, wall), "boots": boots(lines),
+    return {"command": " ".join(["tuner", *README_ARGS, *extra]), "rc": rc, "wall_s": wall,
+            "phases": phases(lines, wall), "boots": boots(lines),
             "verdict": next((t for _, t in reversed(lines) if t.startswith("verdict")), None),
             "tail": [t for _, t in lines[-5:]] + stdout.splitlines()[-3:]}  # fmt: skip
 
@@ -64,22 +73,35 @@ def boots(lines: list[tuple[float, str]]) -> list[float]:
     return [float(m[1]) for _, t in lines if (m := re.search(r"boot (\d+(?:\.\d+)?) s", t))]
 
 
+def command_of(run: dict[str, Any]) -> str:
+    return str(run.get("command", "tuner " + " ".join(README_ARGS)))  # runs stored before --vs-sampler: the README's
+
+
 def render(runs: list[dict[str, Any]], started: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> str:
-    walls = [r["wall_s"] for r in runs]
-    low, high = _report.spread(walls)
-    rows = [[i + 1, r["rc"], f"{r['wall_s']:.0f}", f"{r['phases']['setup_s']:.0f}", f"{r['phases']['trials_s']:.0f}",
+    readme = "tuner " + " ".join(README_ARGS)
+    commands = list(dict.fromkeys(command_of(r) for r in runs))
+    summary = []
+    for command in commands:
+        walls = [r["wall_s"] for r in runs if command_of(r) == command]
+        low, high = _report.spread(walls)
+        limit = f", against the README's {LIMIT_S:.0f} s" if command == readme else ""
+        summary.append(f"`{command}`: wall time of the study, median {_report.median(walls):.0f} s over "
+                       f"{len(walls)} run(s) (range {low:.0f}-{high:.0f} s){limit}.")  # fmt: skip
+    rows = [[i + 1, f"`{command_of(r)}`", r["rc"], f"{r['wall_s']:.0f}", f"{r['phases']['setup_s']:.0f}",
+             f"{r['phases']['trials_s']:.0f}",
              f"{r['phases']['finalists_s']:.0f}", len(r["boots"]),
              f"{_report.median(r['boots']):.0f}" if r["boots"] else "n/a",
              "yes" if r["rc"] == 0 and r["wall_s"] < LIMIT_S else "**no**"] for i, r in enumerate(runs)]  # fmt: skip
+    order = "The commands ran in turn, each in a fresh clone." if len(commands) > 1 else ""
     verdicts = "\n".join(f"- run {i + 1}: `{r['verdict']}`" for i, r in enumerate(runs) if r["verdict"])
     failed = [r for r in runs if r["rc"] != 0]
     failures = "\n".join(f"- exit {r['rc']}: " + " / ".join(f"`{t}`" for t in r["tail"]) for r in failed)
     return "\n\n".join(x for x in (
         "## `tuner search --workload rag` in a fresh clone, on the vLLM CPU build",
-        f"Wall time of the study, median {_report.median(walls):.0f} s over {len(runs)} run(s) "
-        f"(range {low:.0f}-{high:.0f} s), against the README's {LIMIT_S:.0f} s.",
-        _report.table(["run", "exit", "wall s", "before the first boot s", "trials s", "finalists s", "boots",
-                       "median boot s", f"under {LIMIT_S:.0f} s"], rows),  # fmt: skip
+        "\n".join(f"- {line}" for line in summary) if len(summary) > 1 else summary[0],
+        order,
+        _report.table(["run", "command", "exit", "wall s", "before the first boot s", "trials s", "finalists s",
+                       "boots", "median boot s", f"under {LIMIT_S:.0f} s"], rows),  # fmt: skip
         "The trials are the search (each engine's default first, then sampled configs, the memory screen "
         "and the pruner as a user gets them); the finalists are the fresh-boot repeats and the stress check. "
         "What each run ended with:\n" + verdicts if verdicts else "",
@@ -91,15 +113,19 @@ def render(runs: list[dict[str, Any]], started: dict[str, Any], before: dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--vs-sampler", default=None, help="also time the study with --sampler NAME, in turn")
     args = parser.parse_args()
+    variants: list[list[str]] = [[]] + ([["--sampler", args.vs_sampler]] if args.vs_sampler else [])
     started, before = _report.stamp(), _report.machine()
     runs = []
     for _ in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="tuner-quickstart-") as tmp:
-            clone = Path(tmp) / "tuner"
-            subprocess.run(["git", "clone", "-q", str(_report.ROOT), str(clone)], check=True)
-            runs.append(one_run(clone))
-            print(f"run {len(runs)}: exit {runs[-1]['rc']}, {runs[-1]['wall_s']:.0f} s", file=sys.stderr)
+        for extra in variants:
+            with tempfile.TemporaryDirectory(prefix="tuner-quickstart-") as tmp:
+                clone = Path(tmp) / "tuner"
+                subprocess.run(["git", "clone", "-q", str(_report.ROOT), str(clone)], check=True)
+                runs.append(one_run(clone, extra))
+                print(f"run {len(runs)} ({runs[-1]['command']}): exit {runs[-1]['rc']}, {runs[-1]['wall_s']:.0f} s",
+                      file=sys.stderr)  # fmt: skip
     after = _report.machine()
     if not MD_PATH.exists():
         MD_PATH.write_text(TITLE)
