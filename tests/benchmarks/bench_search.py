@@ -34,7 +34,7 @@ from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.stress import judge as judge_stress
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.objective import SearchObjective
-from tuner.search.samplers import DEFAULT_SAMPLER, TPE_STARTUP, make_sampler
+from tuner.search.samplers import TPE_STARTUP, default_sampler, make_sampler
 from tuner.search.scoring import directions
 from tuner.search.space import load_space
 from tuner.study.attrs import enqueue_defaults
@@ -272,11 +272,11 @@ CAPACITY_HEADER = ["sampler", "median trials", "quartiles", "median boots", "mac
                    "reached", "vs random", "failing booted", "screened", "pruned", "pruned wrongly"]  # fmt: skip
 
 
-def shown(name: str) -> str:
-    """A sampler's row label, marked where ``tuner search`` runs it without ``--sampler`` (the stored
-    runs keep the names they were measured under)."""
+def shown(name: str, objective: str = "capacity") -> str:
+    """A sampler's row label in a table of ``objective``'s searches, marked where ``tuner search`` runs
+    it without ``--sampler`` (the stored runs keep the names they were measured under)."""
     base = name.removesuffix(" (tuner default)")
-    return f"{base} (tuner default)" if base == DEFAULT_SAMPLER else base
+    return f"{base} (tuner default)" if base == default_sampler(objective) else base
 
 
 def _capacity_rows(results: dict[str, dict[str, Any]], random_median: float) -> list[list[Any]]:
@@ -313,6 +313,9 @@ def _capacity_section(cap: dict[str, Any]) -> list[str]:
         _report.table(CAPACITY_HEADER, _capacity_rows(cap["without_default"],
                                                       cap["without_default"]["random"]["median_trials"])), "",
         "\"Pruned wrongly\": pruned trials whose config is within the goal's margin of the best on its own ladder.",
+        "",
+        f"Under capacity `tuner search` runs `--sampler {default_sampler('capacity')}` by default; "
+        "the performance model's searches of this table are in \"The performance model: search\" below.",
         "",
     ]  # fmt: skip
 

@@ -77,6 +77,26 @@ def test_each_method_booted_and_its_acceptance_is_recorded_at_every_step(specula
     print("booted on the vLLM CPU build: " + "; ".join(said))
 
 
+def test_the_default_sampler_predicted_each_trial_before_it_booted(speculated: optuna.Study) -> None:
+    """The study names no ``--sampler``, so under capacity it runs the performance model
+    (``default_sampler``): each enqueued trial's prediction is stored before it boots. The engine
+    default, first, has nothing to be fitted on; each method after it is fitted on what served before."""
+    trials = speculated.get_trials()
+    first = trials[0].user_attrs["predicted"]
+    assert first["fitted_on"] == 0 and first["tiers"], first
+    assert all(tier["capacity_req_s"] is None for tier in first["tiers"].values()), first
+    said = {}
+    for trial in trials[1:]:
+        predicted = trial.user_attrs["predicted"]
+        assert predicted["fitted_on"] >= 1 and set(predicted["tiers"]) == set(first["tiers"]), predicted
+        for tier in predicted["tiers"].values():
+            low, high = tier["low_req_s"], tier["high_req_s"]
+            assert low is None or high is None or 0.0 <= low <= high, tier
+            assert isinstance(tier["basis"], str) and tier["basis"], tier
+        said[trial.user_attrs["speculation"]["method"]] = predicted["tiers"]
+    assert any(t["high_req_s"] for tiers in said.values() for t in tiers.values()), said
+
+
 def _same(claimed: float | None, served: float | None) -> bool:
     return claimed == served if claimed is None or served is None else abs(claimed - served) < 1e-4
 

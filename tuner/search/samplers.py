@@ -1,4 +1,4 @@
-"""``--sampler tpe|gp|nsga2|random|grid``: which Optuna sampler proposes the next config.
+"""``--sampler tpe|gp|nsga2|random|grid|model``: which Optuna sampler proposes the next config.
 
 Every sampler sees failures: a trial that broke (or was screened) carries a positive constraint
 through ``Trial.set_constraint``, which TPE, GP and NSGA-II read, so they steer away from where
@@ -38,7 +38,6 @@ from tuner.study.attrs import DEFAULT_KIND, STRESS_CHECK_KIND
 from tuner.study.objectives import is_capacity
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid", "model")
-DEFAULT_SAMPLER = "tpe"  # what a study runs without --sampler (the module docstring says why)
 TPE_STARTUP = 10
 NSGA2_POPULATION = 8
 
@@ -102,7 +101,9 @@ class SampledOnly(optuna.samplers.BaseSampler):
 def default_sampler(objective: str) -> str:
     """The sampler a study gets without ``--sampler``: the performance model where it can predict the
     objective (capacity), TPE otherwise. On both CPU capacity tables the model came within 10 % of
-    the best in fewer boots than TPE and random search, and never in more (reports/search.md)."""
+    the best in fewer boots than TPE and random search, and never in more (reports/search.md); its
+    proposals' seconds do not lengthen the Quickstart's study against TPE's (reports/quickstart.md,
+    both timed in turn)."""
     return "model" if is_capacity(objective) else "tpe"
 
 
