@@ -319,13 +319,14 @@ def _fit_line(run: dict[str, Any], of: str) -> str:
 
 
 def _search_lines(s: dict[str, Any], on: str) -> list[str]:
-    header = ["sampler", "median trials", "quartiles", "median boots", "machine s (quartiles)", "reached",
-              "failing booted", "screened", "pruned"]  # fmt: skip
+    header = ["sampler", "median trials", "quartiles", "median boots", "machine s (quartiles)", "proposing s",
+              "reached", "failing booted", "screened", "pruned"]  # fmt: skip
 
     def rows(results: dict[str, Any]) -> list[list[Any]]:
         return [[bench_search.shown(name), f"{r['median_trials']:g}", f"{r['q1']:g}-{r['q3']:g}",
                  f"{r['median_boots']:g}",
                  f"{r['median_machine_s']:.0f} ({r['machine_q1']:.0f}-{r['machine_q3']:.0f})",
+                 f"{r['median_proposing_s']:.1f}" if "median_proposing_s" in r else "-",
                  f"{r['reached']}/{r['seeds']}", f"{r['failing_booted']:g}", f"{r['screened']:g}", f"{r['pruned']:g}"]
                 for name in SEARCH_SAMPLERS if (r := results.get(name))]  # fmt: skip  # the run's order, not the JSON's
 
@@ -337,8 +338,10 @@ def _search_lines(s: dict[str, Any], on: str) -> list[str]:
         f"Studies replayed against the capacity table as `bench_search` replays them, {out['seeds']} seeds each, "
         f"until the best feasible interactive capacity is within 10 % of the grid's best ({truth['best_capacity']:.3g} "
         "req/s by the ladders). Trials count everything recorded (screened included), boots the trials that "
-        "started an engine. Goal, default left out: a median of at most 3 trials, and at most half of random "
-        "search's boots.", "",
+        "started an engine. Machine s is the table's recorded boot and search time up to then; proposing s "
+        "(median) is what the sampler's own calls took on the machine that ran this benchmark up to then, "
+        "which a study spends beside it (\"-\": a run before it was counted). Goal, default left out: a median "
+        "of at most 3 trials, and at most half of random search's boots.", "",
         "Default left out:", "", _report.table(header, rows(s["without_default"])), "",
         "Default left in (trial 0, as `tuner search` runs it):", "", _report.table(header, rows(s["with_default"])), "",
         f"- default left out: `--sampler model` needed a median {out['median_trials']:g} trials and "

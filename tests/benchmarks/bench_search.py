@@ -55,6 +55,42 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
 }
 
 
+class Timed(optuna.samplers.BaseSampler):
+    """``inner`` as it is, with the seconds its calls take counted: what proposing costs on this
+    machine. The replay answers a boot and a capacity search from the table's recorded times, but a
+    sampler's own work (TPE's density estimates, the performance model's fit and simulations) runs
+    here for real, and a study waits for it as it waits for a boot."""
+
+    def __init__(self, inner: optuna.samplers.BaseSampler) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def _timed(self, call: Callable[..., Any], *args: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Any:
+        return self._timed(self.inner.infer_relative_search_space, study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, space: Any) -> Any:
+        return self._timed(self.inner.sample_relative, study, trial, space)
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str, dist: Any) -> Any:
+        return self._timed(self.inner.sample_independent, study, trial, name, dist)
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self._timed(self.inner.before_trial, study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: Any, values: Any) -> None:
+        self._timed(self.inner.after_trial, study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()
+
+
 def hypervolume(points: list[tuple[float, float]], ref_ttft: float) -> float:
     """2-D hypervolume of (TTFT p95 to minimise, throughput to maximise) against (ref_ttft, 0)."""
     front, area, best_thr = sorted(p for p in points if p[0] < ref_ttft and p[1] > 0), 0.0, 0.0
@@ -125,7 +161,8 @@ def run_capacity_once(name: str, seed: int, table: dict[str, Any], truth: dict[s
     """One study under ``--objective capacity``, its engine the capacity table, until its best feasible
     capacity is within ``CAPACITY_WITHIN`` of the grid's best or twice the grid's size is spent.
     ``with_default=False`` leaves the engine default out, so the sampler alone has to find the best."""
-    study = optuna.create_study(directions=directions("capacity"), sampler=SAMPLERS[name](seed))
+    timed = Timed(SAMPLERS[name](seed))
+    study = optuna.create_study(directions=directions("capacity"), sampler=timed)
     if with_default:
         enqueue_defaults(study, ["vllm"])
     space = _table.capacity_space(table)
@@ -139,7 +176,8 @@ def run_capacity_once(name: str, seed: int, table: dict[str, Any], truth: dict[s
     def stop(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         best = max((t.values[0] for t in feasible_trials(study) if t.values is not None), default=0.0)
         if not reached and best >= (1 - CAPACITY_WITHIN) * truth["best_capacity"]:
-            reached.update(trials=trial.number + 1, boots=search.boots, machine_s=runner.boot_s + runner.search_s)
+            reached.update(trials=trial.number + 1, boots=search.boots, machine_s=runner.boot_s + runner.search_s,
+                           proposing_s=timed.seconds)  # fmt: skip
             study.stop()
 
     study.optimize(search, n_trials=2 * truth["size"], callbacks=[stop])
@@ -149,6 +187,7 @@ def run_capacity_once(name: str, seed: int, table: dict[str, Any], truth: dict[s
         "reached": bool(reached), "trials": int(reached.get("trials", len(study.trials))),
         "boots": int(reached.get("boots", search.boots)),
         "machine_s": round(reached.get("machine_s", runner.boot_s + runner.search_s), 1),
+        "proposing_s": round(reached.get("proposing_s", timed.seconds), 2),
         "search_s": round(runner.search_s, 1), "screened": sum(1 for a in attrs if a.get("failure") == "screened"),
         "failing_booted": sum(1 for a in attrs if a.get("failure") not in (None, "screened")),
         "pruned": len(pruned),
@@ -166,7 +205,10 @@ def summarize_capacity(runs: list[dict[str, Any]], grid_size: int) -> dict[str, 
         "median_trials": statistics.median(trials), "q1": q[0], "q3": q[2],
         "share_of_grid": statistics.median(trials) / grid_size,
         "median_boots": statistics.median(r["boots"] for r in runs), "median_machine_s": statistics.median(machine),
-        "machine_q1": mq[0], "machine_q3": mq[2], "reached": sum(r["reached"] for r in runs), "seeds": len(runs),
+        "machine_q1": mq[0], "machine_q3": mq[2],
+        **({"median_proposing_s": statistics.median(r["proposing_s"] for r in runs)}
+           if all("proposing_s" in r for r in runs) else {}),
+        "reached": sum(r["reached"] for r in runs), "seeds": len(runs),
         **{k: statistics.median(r[k] for r in runs)
            for k in ("screened", "failing_booted", "pruned", "pruned_wrongly")},
     }  # fmt: skip

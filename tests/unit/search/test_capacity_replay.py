@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import optuna
 import pytest
 
 from tests.benchmarks import _table
+from tests.benchmarks.bench_search import Timed
 from tuner.engines.base import Config
 from tuner.measure.rate_steps import CapacityPlan, Measured
 from tuner.measure.trial import TrialContext
@@ -135,3 +137,22 @@ def test_a_claim_a_look_passed_early_is_confirmed_from_its_recorded_rung() -> No
     assert result.failure is None and result.pruned is None
     truth = _table.ladder_capacity(rungs, PLAN, "interactive")
     assert abs(result.metrics["capacity_req_s"] - truth) / truth <= PLAN.resolution + 1e-9
+
+
+def test_the_benchmarks_timed_sampler_proposes_what_its_sampler_does_and_counts_its_seconds() -> None:
+    """``bench_search.Timed`` counts the seconds a sampler's own calls take (its ``proposing s``),
+    and changes nothing it proposes: the same seed gives the same params with and without it."""
+    class Slow(optuna.samplers.RandomSampler):
+        def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str,
+                               dist: optuna.distributions.BaseDistribution) -> object:  # fmt: skip
+            time.sleep(0.01)
+            return super().sample_independent(study, trial, name, dist)
+
+    def proposed(sampler: optuna.samplers.BaseSampler) -> list[dict[str, object]]:
+        study = optuna.create_study(sampler=sampler)
+        study.optimize(lambda t: t.suggest_float("x", 0, 1) + t.suggest_int("n", 1, 9), n_trials=5)
+        return [t.params for t in study.trials]
+
+    timed = Timed(Slow(seed=3))
+    assert proposed(timed) == proposed(Slow(seed=3))
+    assert timed.seconds >= 5 * 2 * 0.01, timed.seconds  # ten suggestions, each slept in the sampler
