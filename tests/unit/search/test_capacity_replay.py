@@ -142,6 +142,7 @@ def test_a_claim_a_look_passed_early_is_confirmed_from_its_recorded_rung() -> No
 def test_the_benchmarks_timed_sampler_proposes_what_its_sampler_does_and_counts_its_seconds() -> None:
     """``bench_search.Timed`` counts the seconds a sampler's own calls take (its ``proposing s``),
     and changes nothing it proposes: the same seed gives the same params with and without it."""
+
     class Slow(optuna.samplers.RandomSampler):
         def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str,
                                dist: optuna.distributions.BaseDistribution) -> object:  # fmt: skip
