@@ -36,6 +36,7 @@ TITLE = "# The Quickstart's study, timed\n\nWritten by `tests/benchmarks/bench_q
 
 
 README_ARGS = ["search", "--workload", "rag"]
+README_COMMAND = " ".join(["tuner", *README_ARGS])
 
 
 def one_run(clone: Path, extra: list[str]) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def one_run(clone: Path, extra: list[str]) -> dict[str, Any]:
         stdout = proc.stdout.read() if proc.stdout else ""
         rc = proc.wait()
     wall = time.monotonic() - start
-    return {"command": " ".join(["tuner", *README_ARGS, *extra]), "rc": rc, "wall_s": wall,
+    return {"command": " ".join([README_COMMAND, *extra]), "rc": rc, "wall_s": wall,
             "phases": phases(lines, wall), "boots": boots(lines),
             "verdict": next((t for _, t in reversed(lines) if t.startswith("verdict")), None),
             "tail": [t for _, t in lines[-5:]] + stdout.splitlines()[-3:]}  # fmt: skip
@@ -74,17 +75,16 @@ def boots(lines: list[tuple[float, str]]) -> list[float]:
 
 
 def command_of(run: dict[str, Any]) -> str:
-    return str(run.get("command", "tuner " + " ".join(README_ARGS)))  # runs stored before --vs-sampler: the README's
+    return str(run.get("command", README_COMMAND))  # runs stored before --vs-sampler: the README's
 
 
 def render(runs: list[dict[str, Any]], started: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> str:
-    readme = "tuner " + " ".join(README_ARGS)
     commands = list(dict.fromkeys(command_of(r) for r in runs))
     summary = []
     for command in commands:
         walls = [r["wall_s"] for r in runs if command_of(r) == command]
         low, high = _report.spread(walls)
-        limit = f", against the README's {LIMIT_S:.0f} s" if command == readme else ""
+        limit = f", against the README's {LIMIT_S:.0f} s" if command == README_COMMAND else ""
         summary.append(f"`{command}`: wall time of the study, median {_report.median(walls):.0f} s over "
                        f"{len(walls)} run(s) (range {low:.0f}-{high:.0f} s){limit}.")  # fmt: skip
     rows = [[i + 1, f"`{command_of(r)}`", r["rc"], f"{r['wall_s']:.0f}", f"{r['phases']['setup_s']:.0f}",

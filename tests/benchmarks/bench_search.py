@@ -314,11 +314,11 @@ CAPACITY_HEADER = ["sampler", "median trials", "quartiles", "median boots", "mac
                    "reached", "vs random", "failing booted", "screened", "pruned", "pruned wrongly"]  # fmt: skip
 
 
-def shown(name: str, objective: str = "capacity") -> str:
-    """A sampler's row label in a table of ``objective``'s searches, marked where ``tuner search`` runs
-    it without ``--sampler`` (the stored runs keep the names they were measured under)."""
+def shown(name: str) -> str:
+    """A sampler's row label in a table of capacity searches, marked where ``tuner search`` runs it
+    without ``--sampler`` (the stored runs keep the names they were measured under)."""
     base = name.removesuffix(" (tuner default)")
-    return f"{base} (tuner default)" if base == default_sampler(objective) else base
+    return f"{base} (tuner default)" if base == default_sampler("capacity") else base
 
 
 def _capacity_rows(results: dict[str, dict[str, Any]], random_median: float) -> list[list[Any]]:

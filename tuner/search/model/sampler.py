@@ -161,9 +161,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
             return
         default = trial.user_attrs.get("config_kind") == DEFAULT_KIND
         config = _config(self._context, dict(fixed), default)
-        predictions = self._predict(self.model(study), study, config)
+        model = self.model(study)
+        predictions = self._predict(model, study, config)
         self._store(study, trial, predictions, None, 0)
-        if self.model(study).fits:  # before anything served there is nothing to say
+        if model.fits:  # before anything served there is nothing to say
             self._context.progress.phase(trial.number, "predict", f"expects {_expects(predictions)}")
 
     def sample_independent(
