@@ -184,11 +184,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
         self._signal_group(signal.SIGKILL)
-        for child in self._tree.values():
-            try:
-                child.kill()  # psutil refuses if the pid was reused meanwhile
-            except psutil.Error:
-                pass
+        reaper.kill_and_wait(self._tree.values())
         self._proc.wait()
 
     def _signal_group(self, sig: signal.Signals) -> None:

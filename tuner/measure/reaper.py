@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import IO
 
@@ -36,6 +36,7 @@ import psutil
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.5
 PID_WAIT_S = 60.0  # the reaper's own start; minutes only on a machine that is thrashing
+KILL_WAIT_S = 10.0  # for SIGKILLed processes to be gone; milliseconds unless the machine is thrashing
 
 
 def spawn(
@@ -114,11 +115,31 @@ class Reaper:
     def finish(self, pid: int) -> None:
         """SIGKILL whatever is left of the engine's group and of the descendants seen alive."""
         _signal_group(pid, signal.SIGKILL)
-        for proc in self.tree.values():
-            try:
-                proc.kill()  # psutil refuses if the pid was reused meanwhile
-            except psutil.Error:
-                pass
+        kill_and_wait(self.tree.values())
+
+
+def kill_and_wait(procs: Iterable[psutil.Process], timeout_s: float = KILL_WAIT_S) -> None:
+    """SIGKILL each of ``procs`` and return once each is gone or a zombie (or ``timeout_s`` passed).
+
+    A signal is delivered asynchronously: a worker that left the engine's session can still be
+    running a moment after its SIGKILL, holding the GPU memory the next boot needs."""
+    killed = []
+    for proc in procs:
+        try:
+            proc.kill()  # psutil refuses if the pid was reused meanwhile
+            killed.append(proc)
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while any(map(_running, killed)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE  # an orphan's zombie waits on init, already dead
+    except psutil.Error:
+        return False
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
