@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-.gpubundle}
-PIECE=${PIECE:-12582912}  # 12 MiB: a piece and the working tree must fit one call (carry_check.py); 24 MiB stopped fitting when the tree passed 40 MiB
+PIECE=${PIECE:-50331648}  # 48 MiB: a piece and the slim working tree (slim.sh) must fit one call (carry_check.py);
+# 24 MiB stopped fitting when the whole tree passed 40 MiB, and 12 MiB pieces made a block 87 calls
 # A set that download_bundle.sh left out (SETS="tuner vllm": no sglang) keeps its tracked wheels-*.txt
 # and travels empty: the stream then holds no SGLang wheels, only the B.DONE marker after A.DONE.
 for s in tuner vllm sglang; do [ ! -f "$B/sets/$s.txt" ] || cp "$B/sets/$s.txt" "scripts/gpu/wheels-$s.txt"; done

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Will every call of a block fit what one device call carries?
 
-A device call copies the whole working tree (tracked files, and untracked files git does not ignore)
-and adds the paths it carries: a bundle piece, or the study tag's archive. Over the limit, the call
-is refused before it runs. On 2026-12-05 (block 4 of study 1) the tree had grown to 45 MiB, every
-24 MiB piece was refused, and a whole lease went by with setup waiting for pieces that never came
+A device call copies the working tree (the tracked files on disk, and untracked files git does not
+ignore; a block runs with the tree slimmed by ``slim.sh on``) and adds the paths it carries: a bundle
+piece, or the study tag's archive. Over the limit, the call is refused before it runs. On 2026-12-05
+(block 4 of study 1) the tree had grown to 45 MiB, every 24 MiB piece was refused, and a whole lease
+went by with setup waiting for pieces that never came
 (reports/gpu-h200/study-1/block4/NOTES.md). This check runs before a block's calls are sent
 (``bundle.sh`` and ``archive.sh`` end with it) and in the unit tests, so a growing tree fails here,
 not on the GPU.
@@ -40,13 +41,14 @@ def piece_bytes() -> int:
 
 
 def tree_bytes(repo: Path = REPO) -> int:
-    """The bytes a call copies before it carries anything: tracked files and untracked files that
-    git does not ignore, as they are on disk now."""
-    listed = subprocess.run(
-        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        check=True, capture_output=True,
-    ).stdout.decode()  # fmt: skip
-    paths = {p for p in listed.split("\0") if p}
+    """The bytes a call copies before it carries anything, with the tree slimmed (``slim.sh on``, as the
+    RUNBOOK has it during a block): the tracked files a slim tree holds, and untracked files that git
+    does not ignore, as they are on disk now."""
+    tracked = subprocess.run([str(repo / "scripts" / "gpu" / "slim.sh"), "files"], check=True, capture_output=True)
+    others = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--others", "--exclude-standard"], check=True, capture_output=True
+    )
+    paths = set(tracked.stdout.decode().splitlines()) | {p for p in others.stdout.decode().split("\0") if p}
     return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())
 
 
@@ -60,6 +62,15 @@ def carries(piece: int | None) -> dict[str, int]:
     return out
 
 
+def on_disk_bytes(repo: Path = REPO) -> int:
+    """The tree as a call would copy it now: slim or not, whatever tracked files are on disk."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True, capture_output=True,
+    ).stdout.decode()  # fmt: skip
+    return sum((repo / p).stat().st_size for p in {p for p in listed.split("\0") if p} if (repo / p).is_file())
+
+
 def main(argv: list[str]) -> int:
     piece = int(argv[1]) if len(argv) > 1 else None
     tree = tree_bytes()
@@ -69,9 +80,13 @@ def main(argv: list[str]) -> int:
         total = tree + size
         fits = total <= room
         ok &= fits
-        print(f"carry_check: working tree {tree / MIB:.1f} MiB + {what} {size / MIB:.1f} MiB = "
+        print(f"carry_check: slim working tree {tree / MIB:.1f} MiB + {what} {size / MIB:.1f} MiB = "
               f"{total / MIB:.1f} MiB of {room / MIB:.0f} MiB (64 less a {MARGIN_BYTES // MIB} MiB margin): "
-              f"{'fits' if fits else 'DOES NOT FIT: cut PIECE in bundle.sh or shrink the tree'}")  # fmt: skip
+              f"{'fits' if fits else 'DOES NOT FIT: cut PIECE in bundle.sh or slim the tree (slim.sh)'}")  # fmt: skip
+    now = on_disk_bytes()
+    if now > tree + MIB:
+        print(f"carry_check: the tree on disk is {now / MIB:.1f} MiB, not slim: run scripts/gpu/slim.sh on "
+              "before a block's calls, or its piece calls are refused")  # fmt: skip
     return 0 if ok else 1
 
 

@@ -1,8 +1,9 @@
 """Every call of a GPU block fits what one device call carries (scripts/gpu/carry_check.py).
 
-A device call copies the whole working tree and adds one bundle piece or the study tag's archive; over
-the limit it is refused. On 2026-12-05 the tree had grown past what a 24 MiB piece left room for, every
-piece call of block 4 was refused, and the lease went by with nothing run
+A device call copies the working tree (the files on disk: a block runs with it slimmed, ``slim.sh on``)
+and adds one bundle piece or the study tag's archive; over the limit it is refused. On 2026-12-05 the
+tree had grown past what a 24 MiB piece left room for, every piece call of block 4 was refused, and the
+lease went by with nothing run
 (reports/gpu-h200/study-1/block4/NOTES.md). These tests fail in CI when the tree grows that far again.
 """
 
@@ -24,6 +25,28 @@ def _carry_check() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _slim(what: str) -> list[str]:
+    done = subprocess.run([str(ROOT / "scripts" / "gpu" / "slim.sh"), what], cwd=ROOT, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def test_the_slim_tree_holds_what_a_block_reads_and_leaves_the_bulk_out() -> None:
+    """What carry_check sizes and ``slim.sh on`` checks out: the study file, the block scripts, the
+    tuner, the report the optional bench writes; no benchmark tables or other reports."""
+    slim = set(_slim("files"))
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+                  .stdout.splitlines())  # fmt: skip
+    for needed in ("reports/gpu-h200/study-1/rag-h200-study-1.db", "scripts/gpu/study.sh", "scripts/gpu/recv.sh",
+                   "scripts/gpu/bundle.sha256", "search_spaces/gpu-h200.yaml", "tuner/__main__.py",
+                   "tests/benchmarks/bench_proposal.py", "reports/model_proposal.json"):  # fmt: skip
+        assert needed in slim, needed
+    assert slim < tracked
+    left_out = tracked - slim
+    assert any(p.startswith("tests/benchmarks/data/") for p in left_out)
+    assert all(p.startswith(("reports/", "tests/benchmarks/data/")) for p in left_out), sorted(left_out)[:5]
 
 
 def test_the_tree_and_a_bundle_piece_fit_one_device_call() -> None:
@@ -50,8 +73,9 @@ def test_the_study_archive_holds_what_a_block_runs_and_leaves_the_bulk_out() -> 
     takes out of it, the search space; no reports or benchmark tables (study.sh resumes the study file
     from the working tree)."""
     script = (ROOT / "scripts" / "gpu" / "archive.sh").read_text()
-    pathspec = script.split('"$TAG" -- ', 1)[1].split("\n", 1)[0].replace("'", "").split()
-    blob = subprocess.run(["git", "archive", "--format=tar", "HEAD", "--", *pathspec],
+    assert '"$TAG" -- . "${bulk[@]}"' in script and "slim.sh pathspec" in script
+    bulk = _slim("pathspec")
+    blob = subprocess.run(["git", "archive", "--format=tar", "HEAD", "--", ".", *bulk],
                           cwd=ROOT, capture_output=True, check=True).stdout  # fmt: skip
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         names = set(tar.getnames())
