@@ -21,6 +21,7 @@ from tuner.engines.sglang import SglangAdapter
 from tuner.engines.speculation import proposer_of
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.rate_steps import CapacityPlan, Measured
+from tuner.search.model import fit as fit_module
 from tuner.search.model.fit import Fit, ObservedStep, fit_costs, nnls
 from tuner.search.model.history import Served, computed_prompts, speculation
 from tuner.search.model.predict import EngineModel, Prediction, bisect_capacity, expected_improvement, model_sigma
@@ -144,13 +145,15 @@ def test_nnls_keeps_every_cost_non_negative() -> None:
     assert nnls(a, np.array([3.0, 2.0, 1.0])) == pytest.approx([2.0, 0.0], abs=1e-9)
 
 
-def _steps(limits: Limits, spec: Speculation | None, seed: int) -> list[ObservedStep]:
+def _steps(
+    limits: Limits, spec: Speculation | None, seed: int, rates: tuple[float, ...] = (0.5, 1.0, 2.0), n: int = 30
+) -> list[ObservedStep]:
     """Steps of a synthetic engine running ``TRUE``: every token time exactly what its costs give."""
     rng, out = random.Random(seed), []
     theta = TRUE if spec is None else np.concatenate([TRUE, TRUE_DRAFT])
-    for rate in (0.5, 1.0, 2.0):
+    for rate in rates:
         t, works = 0.0, []
-        for _ in range(30):
+        for _ in range(n):
             t += rng.expovariate(rate)
             works.append(Work(t, rng.randint(300, 1000), rng.randint(20, 60)))
         lines = simulate(works, limits, theta, spec)
@@ -171,6 +174,21 @@ def test_the_fit_recovers_the_costs_of_a_synthetic_engine() -> None:
     assert fit.drafts["d1"] == pytest.approx(TRUE_DRAFT, rel=0.10)
     assert fit.overhead_s == pytest.approx(OVERHEAD, rel=0.10)
     assert fit.residual < 0.03  # the token times it gives are within a few per cent of the true ones
+
+
+def test_on_a_loaded_engine_the_fit_goes_further_than_the_plain_fixed_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps near saturation, every token time exact: costs simulated too high hold more waiting and
+    larger batches, under which the least squares asks for costs nearly as high again, and the plain
+    fixed point (each round's move taken once, no polish) settles far from the truth. The line search
+    along each round's move and the polish on the simulated residual must end well below it."""
+    steps = (_steps(Limits(512, 8, 8000), None, 1, (2.0, 3.0, 4.0), 40)
+             + _steps(Limits(2048, 8, 8000), None, 2, (2.0, 3.0, 4.0), 40))  # fmt: skip
+    fit = fit_costs(steps)
+    monkeypatch.setattr("tuner.search.model.fit.LONGEST_MOVE", fit_module.RELAX)
+    monkeypatch.setattr("tuner.search.model.fit.POLISH_EVALUATIONS", 0)
+    plain = fit_costs(steps)
+    assert fit is not None and plain is not None
+    assert fit.residual < 0.5 * plain.residual, (fit.residual, plain.residual)
 
 
 def test_the_fit_recovers_the_costs_of_an_engine_that_prefills_first() -> None:

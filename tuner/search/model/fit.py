@@ -16,6 +16,13 @@ the fit's figures: reports/search.md, "Where the model is wrong"). With both, an
 up weighs as much as one of c down. This is iteratively reweighted least squares for
 latencies whose spread grows with their size.
 
+The fixed point alone is not the best fit. On a loaded server a schedule simulated with costs too
+high holds more waiting and larger batches, and the least squares under that schedule asks for costs
+nearly as high again: it leaves out how the schedule answers the costs. So each round's move is
+tried further while a fresh simulation's residual keeps falling (a line search), and the fixed
+point's answer is then polished by a pattern search on that residual itself (each cost moved by a
+factor, one at a time). Both are judged on the residual the costs really give, schedule and all.
+
 The target's costs are shared by every step of one engine; a draft model's two costs are fitted
 only from steps that ran it, so a draft never booted has none (``Fit.theta`` says so).
 """
@@ -32,10 +39,15 @@ import numpy as np
 from tuner.search.model.parallel import Workers, inherited
 from tuner.search.model.simulate import DRAFT_FEATURES, TARGET_FEATURES, Limits, Speculation, Work, simulate
 
-ITERATIONS = 20  # fixed-point rounds at most
+ITERATIONS = 20  # fixed-point rounds at most (each with its line search; then the polish)
+STALLED = 2  # rounds in a row that leave the best residual within 1 % end the fixed point
 RELAX = 1.5  # over-relaxation of each round's move (see fit_costs)
 TOLERANCE = 1e-3  # relative change of the costs below which the fixed point has settled
 MIN_LATENCY_S = 1e-3  # relative weights never divide by a latency below a millisecond
+LONGEST_MOVE = 48.0  # a round's move tried at most this many times the least squares' own (see fit_costs)
+POLISH_STEP = math.log(1.5)  # the polish's first move of a cost, as a factor
+POLISH_FINEST = math.log(1.1)  # ...and its last
+POLISH_EVALUATIONS = 16  # simulations of every step the polish may spend at most
 
 
 @dataclass(frozen=True)
@@ -222,29 +234,82 @@ def fit_costs(
     """The costs that best explain ``steps`` (one engine's), or None without a measured request; each
     round's simulations over up to ``workers`` processes (the same fit, sooner).
 
-    Each round moves the costs ``RELAX`` times the way the least squares points (the plain fixed
-    point creeps towards its answer one schedule at a time); the round whose costs simulate the
-    measured times best is kept, since near the answer a schedule flips back and forth."""
+    Each round solves the least squares under the schedule the current costs give, and moves the
+    costs ``RELAX`` times the way it points, then twice as far, and so on while a fresh simulation's
+    residual keeps falling (``LONGEST_MOVE`` at most): the plain fixed point creeps down a long
+    slope (the module's docstring). The round whose costs simulate the measured times best is kept,
+    since near the answer a schedule flips back and forth; the rounds end when they converge, or
+    after ``STALLED`` rounds in a row that hardly improve on it. Then ``_polish``."""
     drafts = sorted({s.spec.draft for s in steps if s.spec is not None})
     costs = _start(steps, drafts, start)
-    best: tuple[float, np.ndarray, int] | None = None
     with Workers((steps, drafts), min(workers, len(steps))) as pool:
+        a, y, w = _equations(steps, costs, drafts, pool)
+        if len(y) == 0:
+            return None
+        residual = _residual(a, y, w, costs)
+        best, done, stalled = (residual, costs, 0), 0, 0
         for done in range(1, rounds + 1):
-            a, y, w = _equations(steps, costs, drafts, pool)
-            if len(y) == 0:
-                return None
-            residual = _residual(a, y, w, costs)
-            if best is None or residual < best[0]:
-                best = (residual, costs, done)
             new = nnls(a * w[:, None], y * w)
             if np.abs(new - costs).max() <= TOLERANCE * max(float(np.abs(new).max()), 1e-12):
                 break
-            costs = np.maximum(costs + RELAX * (new - costs), 0.0)
-    assert best is not None
-    residual, costs, done = best
+            moved: tuple[float, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+            scale = RELAX
+            while scale <= LONGEST_MOVE:
+                trial = np.maximum(costs + scale * (new - costs), 0.0)
+                equations = _equations(steps, trial, drafts, pool)
+                found = _residual(*equations, trial)
+                if moved is not None and found >= moved[0]:
+                    break
+                moved, scale = (found, trial, equations), scale * 2
+            assert moved is not None
+            residual, costs, (a, y, w) = moved
+            if len(y) == 0:
+                break
+            if residual < best[0]:
+                stalled = stalled + 1 if residual > 0.99 * best[0] else 0
+                best = (residual, costs, done)
+            else:
+                stalled += 1
+            if stalled >= STALLED:
+                break
+        residual, costs, done = best
+        residual, costs = _polish(steps, drafts, costs, residual, pool)
     n_target, n_draft = len(TARGET_FEATURES), len(DRAFT_FEATURES)
     by_draft = {d: costs[n_target + n_draft * i : n_target + n_draft * (i + 1)] for i, d in enumerate(drafts)}
     return Fit(
         tuple(float(c) for c in costs[:n_target]), {d: (float(c[0]), float(c[1])) for d, c in by_draft.items()},
         float(costs[-1]), residual, sum(len(s.works) for s in steps), len(steps), done,
     )  # fmt: skip
+
+
+def _polish(
+    steps: Sequence[ObservedStep], drafts: Sequence[str], costs: np.ndarray, residual: float, pool: Workers | None
+) -> tuple[float, np.ndarray]:
+    """Pattern search from the fixed point on the log of each positive cost, judged by the residual
+    of a fresh simulation of every step (the schedule moves with the costs): each cost in turn is
+    tried ``POLISH_STEP`` up and down, a move kept where it lowers the residual, the step halved
+    once a sweep keeps none, down to ``POLISH_FINEST`` or ``POLISH_EVALUATIONS`` simulations. A cost
+    the least squares left at zero stays there (a factor cannot move it)."""
+
+    def true_residual(c: np.ndarray) -> float:
+        a, y, w = _equations(steps, c, drafts, pool)
+        return _residual(a, y, w, c)
+
+    active = [int(i) for i in np.flatnonzero(costs > 0)]
+    step, spent = POLISH_STEP, 0
+    while step >= POLISH_FINEST * 0.99 and spent < POLISH_EVALUATIONS:
+        moved = False
+        for i in active:
+            for sign in (-1.0, 1.0):
+                if spent >= POLISH_EVALUATIONS:
+                    break
+                trial = costs.copy()
+                trial[i] *= math.exp(sign * step)
+                found = true_residual(trial)
+                spent += 1
+                if found < residual:
+                    residual, costs, moved = found, trial, True
+                    break
+        if not moved:
+            step /= 2
+    return residual, costs
