@@ -45,10 +45,22 @@ def tree_bytes(repo: Path = REPO) -> int:
     RUNBOOK has it during a block): the tracked files a slim tree holds, and untracked files that git
     does not ignore, as they are on disk now."""
     tracked = subprocess.run([str(repo / "scripts" / "gpu" / "slim.sh"), "files"], check=True, capture_output=True)
-    others = subprocess.run(
-        ["git", "-C", str(repo), "ls-files", "-z", "--others", "--exclude-standard"], check=True, capture_output=True
-    )
-    paths = set(tracked.stdout.decode().splitlines()) | {p for p in others.stdout.decode().split("\0") if p}
+    return _bytes(repo, set(tracked.stdout.decode().splitlines()) | _listed(repo, "--others", "--exclude-standard"))
+
+
+def on_disk_bytes(repo: Path = REPO) -> int:
+    """The tree as a call would copy it now: slim or not, whatever tracked files are on disk."""
+    return _bytes(repo, _listed(repo, "--cached", "--others", "--exclude-standard"))
+
+
+def _listed(repo: Path, *which: str) -> set[str]:
+    """``git ls-files`` of ``which`` kinds of file."""
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", *which], check=True, capture_output=True)
+    return {p for p in listed.stdout.decode().split("\0") if p}
+
+
+def _bytes(repo: Path, paths: set[str]) -> int:
+    """The size of those of ``paths`` that are files on disk."""
     return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())
 
 
@@ -60,15 +72,6 @@ def carries(piece: int | None) -> dict[str, int]:
     if ARCHIVE.is_file():
         out["tag archive"] = ARCHIVE.stat().st_size
     return out
-
-
-def on_disk_bytes(repo: Path = REPO) -> int:
-    """The tree as a call would copy it now: slim or not, whatever tracked files are on disk."""
-    listed = subprocess.run(
-        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        check=True, capture_output=True,
-    ).stdout.decode()  # fmt: skip
-    return sum((repo / p).stat().st_size for p in {p for p in listed.split("\0") if p} if (repo / p).is_file())
 
 
 def main(argv: list[str]) -> int:

@@ -214,6 +214,18 @@ def _residual(a: np.ndarray, y: np.ndarray, w: np.ndarray, costs: np.ndarray) ->
     return math.sqrt(float(np.mean(((a @ costs - y) * w) ** 2))) if len(y) else math.inf
 
 
+Equations = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _simulated(
+    steps: Sequence[ObservedStep], costs: np.ndarray, drafts: Sequence[str], pool: Workers | None
+) -> tuple[float, Equations]:
+    """The residual ``costs`` really give (every step simulated afresh under them), and the equations
+    of that schedule, which the next least squares solves."""
+    equations = _equations(steps, costs, drafts, pool)
+    return _residual(*equations, costs), equations
+
+
 def _start(steps: Sequence[ObservedStep], drafts: Sequence[str], start: Fit | None) -> np.ndarray:
     """Where the fixed point starts: an earlier fit's costs (a study refits after every trial), else ``_initial``."""
     costs = _initial(steps, drafts)
@@ -243,21 +255,19 @@ def fit_costs(
     drafts = sorted({s.spec.draft for s in steps if s.spec is not None})
     costs = _start(steps, drafts, start)
     with Workers((steps, drafts), min(workers, len(steps))) as pool:
-        a, y, w = _equations(steps, costs, drafts, pool)
+        residual, (a, y, w) = _simulated(steps, costs, drafts, pool)
         if len(y) == 0:
             return None
-        residual = _residual(a, y, w, costs)
         best, done, stalled = (residual, costs, 0), 0, 0
         for done in range(1, rounds + 1):
             new = nnls(a * w[:, None], y * w)
             if np.abs(new - costs).max() <= TOLERANCE * max(float(np.abs(new).max()), 1e-12):
                 break
-            moved: tuple[float, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+            moved: tuple[float, np.ndarray, Equations] | None = None
             scale = RELAX
             while scale <= LONGEST_MOVE:
                 trial = np.maximum(costs + scale * (new - costs), 0.0)
-                equations = _equations(steps, trial, drafts, pool)
-                found = _residual(*equations, trial)
+                found, equations = _simulated(steps, trial, drafts, pool)
                 if moved is not None and found >= moved[0]:
                     break
                 moved, scale = (found, trial, equations), scale * 2
@@ -290,14 +300,9 @@ def _polish(
     tried ``POLISH_STEP`` up and down, a move kept where it lowers the residual, the step halved
     once a sweep keeps none, down to ``POLISH_FINEST`` or ``POLISH_EVALUATIONS`` simulations. A cost
     the least squares left at zero stays there (a factor cannot move it)."""
-
-    def true_residual(c: np.ndarray) -> float:
-        a, y, w = _equations(steps, c, drafts, pool)
-        return _residual(a, y, w, c)
-
     active = [int(i) for i in np.flatnonzero(costs > 0)]
     step, spent = POLISH_STEP, 0
-    while step >= POLISH_FINEST * 0.99 and spent < POLISH_EVALUATIONS:
+    while step >= POLISH_FINEST and spent < POLISH_EVALUATIONS:
         moved = False
         for i in active:
             for sign in (-1.0, 1.0):
@@ -305,7 +310,7 @@ def _polish(
                     break
                 trial = costs.copy()
                 trial[i] *= math.exp(sign * step)
-                found = true_residual(trial)
+                found = _simulated(steps, trial, drafts, pool)[0]
                 spent += 1
                 if found < residual:
                     residual, costs, moved = found, trial, True
