@@ -121,6 +121,26 @@ def test_the_prefix_cache_spares_what_an_earlier_request_computed() -> None:
     assert cold[1].first_s == pytest.approx(0.128)  # arriving together, nothing was cached yet
 
 
+def test_a_prefix_that_running_requests_share_takes_its_pool_blocks_once() -> None:
+    shared = (1, 2, 3)  # one request's first token makes its prompt's blocks a prefix others hit
+    pool = 6 * BLOCK_TOKENS  # the first's five blocks and the second's own one, not its prefix again
+    lines = simulate([Work(0.0, 64, 4, (*shared, 4)), Work(0.5, 64, 1, (*shared, 5))], Limits(None, 8, pool), UNIT)
+    assert lines[0].done_s == 4.0
+    assert lines[1].first_s == 2.0, "admitted beside the first, whose prefix it shares"
+
+
+def test_a_hit_on_a_cached_prefix_no_running_request_holds_takes_pool_room_again() -> None:
+    """vLLM keeps a cached block among the free ones, and a hit takes it back out of them: a request
+    whose prefix is cached but held by nobody needs the pool room of that prefix."""
+    works = [Work(0.0, 64, 1, (1, 2, 3, 4)), Work(2.0, 48, 2, (6, 7, 8)), Work(2.5, 32, 1, (1, 2))]
+    lines = simulate(works, Limits(None, 8, 5 * BLOCK_TOKENS), UNIT)
+    assert lines[0].done_s == 1.0 and lines[1].done_s == 4.0
+    # its two cached blocks and one of its own do not fit beside the second's four: it waits for it
+    assert lines[2].first_s == 5.0
+    roomy = simulate(works, Limits(None, 8, None), UNIT)
+    assert roomy[2].first_s == 4.0 and roomy[2].first_s < lines[2].first_s
+
+
 def test_speculation_emits_the_accepted_run_and_the_bonus_token() -> None:
     spec = Speculation("d", 3, 1.0)
     line = simulate([Work(0.0, 10, 9)], Limits(None, None, None), np.concatenate([UNIT, [0.0, 0.0]]), spec)[0]

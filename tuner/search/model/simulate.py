@@ -10,6 +10,11 @@ What it holds is what vLLM's V1 scheduler does each step (``vllm/v1/core/sched/s
   is prefilled in chunks over several iterations;
 * a running request that needs a block the pool lacks preempts the last admitted one, which waits
   again and later recomputes what it had (vLLM's recompute preemption); no admission in that step;
+* the prefix cache: a prompt's leading blocks that an earlier request computed are not computed
+  again, and a block that running requests share is held in the pool once. A hit on a cached block
+  that no running request holds takes a block of the pool again (vLLM's free queue keeps cached
+  blocks among the free ones, and a hit takes it out), so in a small pool the shared prefixes take
+  their room as they do on the engine. The cache itself never evicts;
 * speculation: a decoding request schedules 1 + K tokens and emits, on average, 1 + a + ... + a^K
   of them at a per-position acceptance a (``Speculation``); drafting takes K passes per step.
 
@@ -136,6 +141,10 @@ class _Request:
     kv: int = 0  # tokens held in the KV pool
     started: bool = False  # has its first token
     looked_up: bool = False  # its prefix-cache hits are counted
+    # prefix blocks it holds in the pool as shared ones (its hits, then its own prompt's full blocks
+    # once computed), each counted once over every running request that holds it (``holders``)
+    shared: tuple[int, ...] = ()
+    moved: int = 0  # of those, the blocks it computed itself: counted in ``kv`` too, not twice
     credit: float = 0.0  # proposals owed: a decode step proposes each time it reaches one (``Speculation.share``)
     output_tokens: int = field(init=False)
 
@@ -199,6 +208,22 @@ def simulate(
     used = 0  # blocks
     peak = 0  # the most blocks the pool was asked to hold (``demand``)
     cached: set[int] = set()  # prompt blocks computed so far (the cache is emptied before every step)
+    holders: dict[int, int] = {}  # shared prefix blocks in the pool: how many running requests hold each
+
+    def release(req: _Request) -> int:
+        """The blocks ``req`` gives back to the pool as it ends or is preempted: its own, and each
+        shared block no other running request holds."""
+        freed = _blocks(req.kv) - req.moved
+        for block in req.shared:
+            left = holders[block] - 1
+            if left:
+                holders[block] = left
+            else:
+                del holders[block]
+                freed += 1
+        req.shared, req.moved = (), 0
+        return freed
+
     now, busy_start = 0.0, 0.0
     acc = np.zeros(n_features)
     x = np.zeros(n_features)
@@ -248,7 +273,7 @@ def simulate(
             itself = False  # the request preempted to make room for itself
             while used + need > pool and running:
                 victim = running.pop()  # the last admitted goes back to wait, and recomputes later
-                used -= _blocks(victim.kv)
+                used -= release(victim)
                 scheduled = [s for s in scheduled if s[0] is not victim]
                 victim.to_compute = max(victim.work.prompt_tokens, 1) + int(victim.generated)
                 victim.computed, victim.kv = 0, 0
@@ -275,14 +300,20 @@ def simulate(
                         break
                     hits += 1
                 req.to_compute = max(req.work.prompt_tokens - hits * BLOCK_TOKENS, 1)
+                req.shared = req.work.blocks[:hits]
             n = int(min(req.to_compute - req.computed, budget))
             need = _blocks(req.kv + n) - _blocks(req.kv)
+            for block in req.shared:  # a cached block no running request holds takes its room again
+                if block not in holders:
+                    need += 1
             if used + need > peak:
                 peak = used + need
             if used + need > pool:
                 break
             waiting.popleft()
             running.append(req)
+            for block in req.shared:
+                holders[block] = holders.get(block, 0) + 1
             used += need
             req.kv += n
             scheduled.append((req, n, 0))
@@ -323,7 +354,14 @@ def simulate(
                 req.computed += n
                 if req.computed >= req.to_compute and not req.started:
                     req.started, req.generated = True, 1.0
-                    cached.update(req.work.blocks or ())
+                    if req.work.blocks:
+                        cached.update(req.work.blocks)
+                        # its own full prompt blocks become shareable; one another running request
+                        # computed at the same time is a copy, and stays this request's own
+                        own = tuple(b for b in req.work.blocks[len(req.shared) :] if b not in holders)
+                        for block in own:
+                            holders[block] = 1
+                        req.shared, req.moved = req.shared + own, len(own)
                     t = timelines[req.index]
                     t.first_s, t.first_start_s, t.first_features = now, busy_start, acc.copy()
             else:
@@ -335,7 +373,7 @@ def simulate(
                 t = timelines[req.index]
                 t.done_s, t.done_start_s, t.done_features = now, busy_start, acc.copy()
                 running.remove(req)
-                used -= _blocks(req.kv)
+                used -= release(req)
                 next_turn(now)
     for i, t in enumerate(timelines):
         t.sent_s = None if math.isinf(arrival[i]) else arrival[i]
