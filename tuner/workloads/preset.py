@@ -100,12 +100,15 @@ def grow(
     preset: Preset, tokenizer: Tokenizer, seed: int, max_model_len: int, have: Sequence[Request], n: int
 ) -> list[Request]:
     """The measured requests ``len(have)`` to ``n`` (excluded) of a ``make_range`` preset, built in
-    worker processes when there are many: a GPU search at its capacity needs thousands a minute."""
+    worker processes when there are many (a GPU search at its capacity needs thousands a minute),
+    except in a process that may not start any."""
     assert preset.make_range is not None
     start = len(have)
     if n <= start:
         return []
-    if n - start < PARALLEL_FROM:
+    # a daemonic process (a pool's worker: the performance model's predictions grow the study's
+    # requests in theirs, tuner.search.model.parallel) may not start processes of its own
+    if n - start < PARALLEL_FROM or multiprocessing.current_process().daemon:
         return preset.make_range(tokenizer, seed, start, n, max_model_len)
     bounds = [(a, min(a + CHUNK, n)) for a in range(start, n, CHUNK)]
     workers = max(1, min(len(bounds), (os.cpu_count() or 1)))

@@ -6,6 +6,7 @@ import json
 import statistics
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
@@ -215,6 +216,34 @@ def test_load_tokenizer_errors_name_the_path(tmp_path: Path, tokenizer: Tokenize
         load_tokenizer(tmp_path)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     assert count_tokens(load_tokenizer(tmp_path), "hello world") == count_tokens(tokenizer, "hello world")
+
+
+def _grown_in_a_daemon(n: int) -> list[str]:
+    workload = _DAEMON_WORKLOAD[0]
+    assert workload.grow is not None
+    return [r.request_id for r in workload.grow(n)]
+
+
+_DAEMON_WORKLOAD: list[Any] = []
+
+
+def test_a_pool_s_worker_grows_the_requests_itself(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The performance model predicts in a pool's (daemonic) workers, and a prediction may grow the
+    study's requests there: a daemon may not start the processes a large growth uses, so it builds
+    them itself, the same requests."""
+    import multiprocessing
+
+    from tuner.workloads import build_workload, preset
+
+    monkeypatch.setattr(preset, "PARALLEL_FROM", 4)
+    monkeypatch.setattr(preset, "CHUNK", 3)
+    _DAEMON_WORKLOAD[:] = [build_workload("rag", tokenizer, seed=3, n_requests=4, max_model_len=2048)]
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:  # its workers are daemons
+            ids = pool.apply(_grown_in_a_daemon, (14,))
+    finally:
+        _DAEMON_WORKLOAD.clear()
+    assert ids == [f"r{i:04d}" for i in range(14)]
 
 
 def test_any_range_of_rag_requests_is_what_a_whole_build_holds(
