@@ -218,13 +218,15 @@ def test_load_tokenizer_errors_name_the_path(tmp_path: Path, tokenizer: Tokenize
     assert count_tokens(load_tokenizer(tmp_path), "hello world") == count_tokens(tokenizer, "hello world")
 
 
+# the workload a forked pool worker grows: inherited through the fork, since its ``grow`` is a
+# closure no pickle carries (as the performance model's workers inherit theirs)
+_DAEMON_WORKLOAD: list[Any] = []
+
+
 def _grown_in_a_daemon(n: int) -> list[str]:
     workload = _DAEMON_WORKLOAD[0]
     assert workload.grow is not None
     return [r.request_id for r in workload.grow(n)]
-
-
-_DAEMON_WORKLOAD: list[Any] = []
 
 
 def test_a_pool_s_worker_grows_the_requests_itself(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
