@@ -9,6 +9,7 @@ and the study stays usable (exit 130).
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 from types import FrameType
@@ -22,6 +23,20 @@ __all__ = ["build_parser", "main"]
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as Ctrl-C: ``KeyboardInterrupt`` where the signal found the main thread. Where that is
+    a running event loop (a drive's requests), it is raised from a callback of its own, between
+    tasks: raised inside a request's task, it would end that task and the drive gathering it with
+    the exception, and asyncio would print "Task exception was never retrieved" with a traceback
+    after the one-line message (seen on the H100, reports/gpu-h100/study-1/block1/NOTES.md). From a
+    callback it leaves the loop as Ctrl-C does, and ``asyncio.run`` cancels every task cleanly."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop runs in this thread
+        raise KeyboardInterrupt(f"signal {signum}") from None
+    loop.call_soon_threadsafe(_raise_interrupt, signum)
+
+
+def _raise_interrupt(signum: int) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
