@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 BULK=(reports tests/benchmarks/data)   # what no block reads...
 # ...but the study file and its notes, which each block resumes, and the report the optional
 # bench_proposal call of a block writes a section of
-KEPT=(reports/gpu-h200/study-1 reports/model-sampler.md reports/model_proposal.json)
+KEPT=(reports/gpu-h200/study-1 reports/gpu-h100/study-1 reports/model-sampler.md reports/model_proposal.json)
 pathspec() { for p in "${BULK[@]}"; do printf ':!%s\n' "$p"; done; }
 case "${1:-}" in
   on)
