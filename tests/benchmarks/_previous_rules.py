@@ -8,6 +8,9 @@
   outcomes were known by then (now a look waits for the plan's ``min_requests``), and their monitor,
   which judged the saturation test at every tick (now every ``SATURATION_EVERY_S``).
 - ``EveryTickPlan``: the looks of capacity check 8 (the current ones) with that monitor.
+- ``FreshTierPlan``: each tier's search started afresh, at its incumbent or the start rate, and
+  reused a step another tier had served only where it asked the same rate (now a later tier starts
+  from every step the earlier ones served).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.measure import capacity
-from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch
+from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch, Step
 from tuner.measure.rate_steps import CapacityPlan
 
 
@@ -89,3 +93,31 @@ class EveryTickPlan(CapacityPlan):
     @property
     def saturation_every_s(self) -> float:
         return 0.0
+
+
+class FreshTierSearch(CapacitySearch):
+    """The rule before: a search heard of no step before it asked its first rate, so a later tier
+    started afresh and reused another tier's step only where it asked that step's rate."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked = False
+
+    def record(self, step: Step, measured: bool = True) -> None:
+        if self._asked:
+            super().record(step, measured)
+
+    def next_rate(self) -> float | None:
+        self._asked = True
+        return super().next_rate()
+
+
+@dataclass(frozen=True)
+class FreshTierPlan(CapacityPlan):
+    """The current rules, each tier's search started afresh (``FreshTierSearch``)."""
+
+    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
+        return FreshTierSearch(
+            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
+            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
+        )  # fmt: skip

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
@@ -103,21 +103,21 @@ def one_search(server: Server, plan: CapacityPlan, seed: int, confirm: bool = Tr
     }
 
 
-def truth_curve(server: Server) -> list[float]:
-    """The server's attainment at each of ``TRUTH_RATES``: long runs, their first and last tenth dropped."""
+def truth_curve(server: Server, slo: Mapping[str, float] = SLO, rates: Sequence[float] = TRUTH_RATES) -> list[float]:
+    """The server's attainment under ``slo`` at each of ``rates``: long runs, their first and last tenth dropped."""
     curve = []
-    for rate in TRUTH_RATES:
+    for rate in rates:
         shares = []
         for seed in TRUTH_SEEDS:
-            outcomes = outcomes_in(server.served(rate, TRUTH_S, seed), SLO, 0.1 * TRUTH_S, 0.9 * TRUTH_S)
+            outcomes = outcomes_in(server.served(rate, TRUTH_S, seed), slo, 0.1 * TRUTH_S, 0.9 * TRUTH_S)
             shares.append(sum(outcomes) / len(outcomes))
         curve.append(statistics.fmean(shares))
     return curve
 
 
-def knee_of(curve: Sequence[float], target: float) -> float:
-    """The rate where the (falling) curve crosses the target, linearly between grid points."""
-    points = list(zip(TRUTH_RATES, curve, strict=True))
+def knee_of(curve: Sequence[float], target: float, rates: Sequence[float] = TRUTH_RATES) -> float:
+    """The rate where the (falling) curve crosses the target, linearly between grid points of ``rates``."""
+    points = list(zip(rates, curve, strict=True))
     for (r0, a0), (r1, a1) in zip(points, points[1:], strict=False):
         if a0 >= target > a1:
             return r0 + (r1 - r0) * (a0 - target) / (a0 - a1)
