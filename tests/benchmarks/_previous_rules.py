@@ -8,22 +8,22 @@
   outcomes were known by then (now a look waits for the plan's ``min_requests``), and their monitor,
   which judged the saturation test at every tick (now every ``SATURATION_EVERY_S``).
 - ``EveryTickPlan``: the looks of capacity check 8 (the current ones) with that monitor.
-- ``FreshTierPlan``: each tier's search started afresh, at its incumbent or the start rate, and
-  reused a step another tier had served only where it asked the same rate (now a later tier starts
-  from every step the earlier ones served).
+- ``WarmTierPlan``: a rule tried and not adopted (2026-12-05): a later tier's search starts from
+  every step the earlier tiers served, judged under its own SLO (the tuner's tiers search afresh and
+  share a step only where they ask the same rate; ``bench_tier_search`` measures both).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.measure import capacity
-from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch, Step
-from tuner.measure.rate_steps import CapacityPlan
+from tuner.measure.capacity import FLOOR_DIVISOR, PRUNE_SHARE, CapacitySearch
+from tuner.measure.rate_steps import CapacityPlan, Measured, judge_served
 
 
 @contextmanager
@@ -95,29 +95,36 @@ class EveryTickPlan(CapacityPlan):
         return 0.0
 
 
-class FreshTierSearch(CapacitySearch):
-    """The rule before: a search heard of no step before it asked its first rate, so a later tier
-    started afresh and reused another tier's step only where it asked that step's rate."""
+class WarmTierSearch(CapacitySearch):
+    """Before it proposes a rate, hears every step served so far (``served``: the steps of the
+    search's earlier tiers), judged under its own ``slo``, as steps it did not measure."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._asked = False
-
-    def record(self, step: Step, measured: bool = True) -> None:
-        if self._asked:
-            super().record(step, measured)
+    def __init__(self, plan: CapacityPlan, slo: Mapping[str, float], served: list[Measured], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._plan, self._slo, self._served, self._asked = plan, slo, served, False
 
     def next_rate(self) -> float | None:
-        self._asked = True
+        if not self._asked:
+            self._asked = True
+            latest = {round(m.rate_req_s, 6): m for m in self._served}  # a rate served again: the latest stands
+            for m in latest.values():
+                self.record(judge_served(m, self._slo, self._plan), measured=False)
         return super().next_rate()
 
 
 @dataclass(frozen=True)
-class FreshTierPlan(CapacityPlan):
-    """The current rules, each tier's search started afresh (``FreshTierSearch``)."""
+class WarmTierPlan(CapacityPlan):
+    """The current rules with ``WarmTierSearch``: ``served`` is the list the search's ``measure``
+    appends each served step to, and the tiers are searched in ``scored`` order, one search each."""
+
+    served: list[Measured] = field(default_factory=list)
+    _made: list[str] = field(default_factory=list)
 
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
-        return FreshTierSearch(
-            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
-            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
+        tier = self.scored[len(self._made)]
+        self._made.append(tier)
+        return WarmTierSearch(
+            self, self.tiers[tier], self.served, target=self.target, resolution=self.resolution,
+            start_rate=self.start_rate, growth=self.growth, incumbent=incumbent, max_steps=self.max_steps,
+            max_rate=self.max_rate, prune=prune,
         )  # fmt: skip

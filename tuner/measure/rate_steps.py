@@ -17,7 +17,7 @@ A step the monitor stopped counts only the requests whose outcome was known when
 ones still running were cut, not missed. The server's waiting queue is sampled through the
 step, and a queue that keeps growing is no pass.
 Steps are measured once per rate and judged under every tier's SLO (``tuner.measure.capacity``),
-so the tiers share them: a later tier's search starts from every step the earlier ones served.
+so the tiers share them.
 """
 
 from __future__ import annotations
@@ -511,21 +511,11 @@ def _search_tiers(
 ) -> None:  # fmt: skip
     """``search_capacity``'s loop, filling ``by_rate`` and ``searches`` (one per tier, in order) as it goes."""
     order = list(plan.scored) + [t for t in plan.tiers if t not in plan.scored]
-    rate_of: dict[float, float] = {}  # the rate each step of by_rate was served at, as proposed
     for tier in order:
         if tier not in plan.scored:
             continue  # only the scored tiers are searched: an unscored tier's steps would cost boots' time
         slo = plan.tiers[tier]
         search = searches[tier] = plan.search(incumbents.get(tier), prune)
-        # every step an earlier tier's search served is this tier's evidence too, judged under its own
-        # SLO, before it serves anything: the knee the earlier tier bracketed brackets this one's, where
-        # a search started afresh at its incumbent or start rate served rates around it again (on the
-        # H100, SGLang's relaxed tier failed at its incumbent and halved down, below rates the
-        # interactive tier had passed: reports/gpu-h100/study-1/block1/NOTES.md)
-        for key, m in by_rate.items():
-            step = judge_served(m, slo, plan, rate_of[key])
-            search.record(step, measured=False)
-            _say(said, tier, m, step, search)
         while (rate := search.next_rate()) is not None:
             key = round(rate, 6)
             # a step to serve whole (a claim's confirmation) is served again, unless one served whole
@@ -533,28 +523,23 @@ def _search_tiers(
             fresh = key not in by_rate or (search.whole and not by_rate[key].held)
             if fresh:
                 by_rate[key] = measure(rate, hold=True) if search.whole else measure(rate)
-                rate_of[key] = rate
                 served.append(by_rate[key])
             m = by_rate[key]
             step = judge_served(m, slo, plan, rate)
             search.record(step, measured=fresh)
-            _say(said, tier, m, step, search)
-
-
-def _say(
-    said: Callable[[str, Measured, str], None] | None, tier: str, m: Measured, step: Step, search: CapacitySearch
-) -> None:
-    """One judged step, as the search's log line tells it (``said``: None, nothing is told)."""
-    if said is None:
-        return
-    why = f": {step.cut_reason}" if step.cut_reason else ""
-    cut = f" (cut at {step.cut_s:.0f} s{why})" if step.cut_s is not None else ""
-    interval = f" [{step.attainment_low:.0%}, {step.attainment_high:.0%}]" if step.attainment_low is not None else ""
-    verdict = "pass" if step.passed else (step.decision if step.decision == UNDECIDED else "fail")
-    extra = "".join((
-        ", served whole to confirm the claim" if search.confirming else "",
-        ", served whole" if search.whole and not search.confirming else "",
-        ", queue growing" if step.queue_growing else "",
-        f", {step.replayed} replayed" if step.replayed else "",
-    ))  # fmt: skip
-    said(tier, m, f"{step.attainment:.0%}{interval} {verdict}{cut}{extra}")
+            if said is not None:
+                why = f": {step.cut_reason}" if step.cut_reason else ""
+                cut = f" (cut at {step.cut_s:.0f} s{why})" if step.cut_s is not None else ""
+                interval = (
+                    f" [{step.attainment_low:.0%}, {step.attainment_high:.0%}]"
+                    if step.attainment_low is not None
+                    else ""
+                )
+                verdict = "pass" if step.passed else (step.decision if step.decision == UNDECIDED else "fail")
+                extra = "".join((
+                    ", served whole to confirm the claim" if search.confirming else "",
+                    ", served whole" if search.whole and not search.confirming else "",
+                    ", queue growing" if step.queue_growing else "",
+                    f", {step.replayed} replayed" if step.replayed else "",
+                ))  # fmt: skip
+                said(tier, m, f"{step.attainment:.0%}{interval} {verdict}{cut}{extra}")

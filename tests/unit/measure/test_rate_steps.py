@@ -172,31 +172,6 @@ def test_steps_another_tier_measured_do_not_count_against_max_steps() -> None:
     assert len(calls) - len(out.results["interactive"].steps) <= plan.max_steps, "its own steps stay bounded"
 
 
-def test_a_later_tier_starts_from_the_steps_an_earlier_tier_served() -> None:
-    """SGLang's defaults on the H100 (reports/gpu-h100/study-1/block1/NOTES.md): the relaxed tier
-    started afresh at its incumbent just above the knee the interactive tier had bracketed, failed
-    there and halved down, serving again what the interactive tier's steps already said."""
-    calls: list[float] = []
-
-    def measure(rate: float) -> Measured:
-        calls.append(rate)
-        return _measured_at(rate, knee_strict=6.5, knee_relaxed=6.8)
-
-    said: list[str] = []
-    plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.1)
-    out = search_capacity(
-        measure, plan, incumbents={"interactive": 6.34, "relaxed": 6.92}, prune=False,
-        said=lambda tier, m, verdict: said.append(tier),
-    )  # fmt: skip
-    interactive, relaxed = out.results["interactive"], out.results["relaxed"]
-    assert 6.5 / 1.1 <= interactive.capacity_req_s <= 6.5 and 6.8 / 1.1 <= relaxed.capacity_req_s <= 6.8
-    assert relaxed.stop_reason == "resolved"
-    own = len(calls) - len(interactive.steps)
-    assert own == 0, f"the relaxed tier served {own} step(s) the interactive tier's steps had bracketed"
-    assert [s.rate_req_s for s in relaxed.steps] == [s.rate_req_s for s in interactive.steps]
-    assert said.count("relaxed") == len(relaxed.steps), "each step the relaxed tier judged is told"
-
-
 def test_a_step_the_monitor_cut_never_passes_and_says_when_it_was_cut() -> None:
     def measure(rate: float) -> Measured:
         m = _measured_at(rate, knee_strict=2.0, knee_relaxed=100.0)
