@@ -86,7 +86,12 @@ def one_search(
             tier: {
                 "capacity_req_s": result.capacity_req_s,
                 "stop_reason": result.stop_reason,
-                "steps": [[round(s.rate_req_s, 3), s.decision, s.passed, s.cut_reason] for s in result.steps],
+                # one line a tier: each judged step as "rate decision", "(cut: why)" where the monitor cut it
+                "steps": "; ".join(
+                    f"{s.rate_req_s:.3f} {'pass' if s.passed else s.decision}"
+                    + (f" (cut: {s.cut_reason})" if s.cut_reason else "")
+                    for s in result.steps
+                ),
             }
             for tier, result in outcome.results.items()
         },
