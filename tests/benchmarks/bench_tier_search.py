@@ -40,7 +40,6 @@ from tests.benchmarks.bench_known_search import (
     simulate_step,
     truth_curve,
 )
-from tuner.measure.capacity import UNDECIDED
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity
 
 NAME = "tier_search"
@@ -89,8 +88,7 @@ def one_search(
                 "stop_reason": result.stop_reason,
                 # one line a tier: each judged step as the search's log tells it, "(cut: why)" where the monitor cut it
                 "steps": "; ".join(
-                    f"{s.rate_req_s:.3f} {'pass' if s.passed else 'undecided' if s.decision == UNDECIDED else 'fail'}"
-                    + (f" (cut: {s.cut_reason})" if s.cut_reason else "")
+                    f"{s.rate_req_s:.3f} {s.verdict}" + (f" (cut: {s.cut_reason})" if s.cut_reason else "")
                     for s in result.steps
                 ),
             }

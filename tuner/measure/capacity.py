@@ -375,6 +375,12 @@ class Step:
     replayed: int = 0  # requests of a finite trace sent again in this search, its order kept
     held: bool = True  # served its whole length; False: a look passed it early (its claim is then confirmed)
 
+    @property
+    def verdict(self) -> str:
+        """The step as the search's log tells it: "pass", "undecided" (its interval straddles the
+        target), or "fail" (what else did not pass: a decided fail, a cut)."""
+        return PASS if self.passed else UNDECIDED if self.decision == UNDECIDED else FAIL
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe: non-finite numbers become None (it is stored as a trial user attribute)."""
         out = asdict(self)

@@ -535,11 +535,10 @@ def _search_tiers(
                     if step.attainment_low is not None
                     else ""
                 )
-                verdict = "pass" if step.passed else (step.decision if step.decision == UNDECIDED else "fail")
                 extra = "".join((
                     ", served whole to confirm the claim" if search.confirming else "",
                     ", served whole" if search.whole and not search.confirming else "",
                     ", queue growing" if step.queue_growing else "",
                     f", {step.replayed} replayed" if step.replayed else "",
                 ))  # fmt: skip
-                said(tier, m, f"{step.attainment:.0%}{interval} {verdict}{cut}{extra}")
+                said(tier, m, f"{step.attainment:.0%}{interval} {step.verdict}{cut}{extra}")
