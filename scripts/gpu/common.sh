@@ -13,3 +13,15 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 PY=${PY:-$(command -v python3)}
 mkdir -p "$BUNDLE/pieces" "$BUNDLE/wheels" "$PYDEPS" "$ENGINES" "$STATE" "$STUDY" "$CAPTURES"
+# A block's later calls (pieces, polls, finish) must reach the machine that ran its call 1
+# (begin.sh), which wrote $STATE/lease.start. When that machine goes away mid-block, the next call
+# gets a bare one: there these calls answer BARE at once, rather than start a setup no tag archive
+# came with or wait out a poll on a study that is not there (in the H100 study's block 2 four polls
+# and finish.sh spent most of a lease that way: reports/gpu-h100/study-1/block2/NOTES.md), so the
+# message ends and what is left of the budget can carry the block again from call 1.
+require_block() {
+  if [ ! -f "$STATE/lease.start" ]; then
+    echo "BARE: no $STATE/lease.start, so this is not the machine that ran the block's call 1 (that one went away); nothing done. Send the block again from call 1 with T cut to the budget left."
+    exit 3
+  fi
+}

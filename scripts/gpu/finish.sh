@@ -3,6 +3,7 @@
 # failed and stops the engine's process group), wait for it, stop the sidecars, then poll.sh 0.
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
+require_block
 if [ -f "$STATE/search.pid" ] && kill -0 "$(cat "$STATE/search.pid")" 2>/dev/null; then
   kill -TERM "$(cat "$STATE/search.pid")"
   for _ in $(seq 1 60); do kill -0 "$(cat "$STATE/search.pid")" 2>/dev/null || break; sleep 1; done

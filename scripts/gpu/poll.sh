@@ -6,6 +6,7 @@
 #   bash scripts/gpu/poll.sh WAIT_S
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
+require_block
 WAIT_S=${1:-0}
 end=$(( $(date +%s) + WAIT_S ))
 while [ "$(date +%s)" -lt "$end" ]; do

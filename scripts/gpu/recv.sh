@@ -2,9 +2,12 @@
 # Run from the repository copy on the H200 machine in every call that carries a bundle piece:
 # moves the carried pieces out of the repo copy, starts the setup daemon once (setup.sh, from a
 # copy of scripts/gpu so that later syncs of the working tree cannot change a running script),
-# starts the model generation once, and prints where things stand.
+# starts the model generation once, and prints where things stand. Only on the machine begin.sh
+# marked: on a bare one (the block's went away) it answers BARE and does nothing (common.sh).
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
+require_block
+[ -f "$STATE/not-h200" ] && { echo "skip: $(cat "$STATE/not-h200")"; exit 0; }  # begin.sh set nothing up here
 for f in .gpubundle/pieces/*; do [ -f "$f" ] && mv -f "$f" "$BUNDLE/pieces/"; done
 if [ ! -d "$STATE/scripts" ]; then cp -r scripts/gpu "$STATE/scripts"; fi
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -83,3 +84,48 @@ def test_the_study_archive_holds_what_a_block_runs_and_leaves_the_bulk_out() -> 
                    "tuner/workloads/corpus.txt", "search_spaces/gpu-h200.yaml"):  # fmt: skip
         assert needed in names, needed
     assert not any(n.startswith(("reports/", "tests/benchmarks/data/")) for n in names)
+
+
+def _gpu_script(name: str, *args: str, root: Path, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """One of a block's scripts as a device call runs it (from the repository root), with the
+    machine's state under ``root`` instead of /root. A script that waits where it should answer at
+    once fails by the timeout."""
+    env = {**os.environ, "GPU_ROOT": str(root), "OUT": str(root / "out")}
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / name), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_a_bare_machine_answers_every_later_call_of_a_block_at_once(tmp_path: Path) -> None:
+    """In the H100 study's block 2 the machine that ran call 1 went away after the pieces; the next
+    calls got a bare machine and four polls waited out their 230 s on a study that was not there
+    (reports/gpu-h100/study-1/block2/NOTES.md). On a machine begin.sh did not mark, the pieces, the
+    polls and finish.sh now do nothing and say BARE, so the message ends with its budget kept."""
+    for name, args in (("recv.sh", ()), ("poll.sh", ("600",)), ("block_poll.sh", ("920", "600")), ("finish.sh", ())):
+        done = _gpu_script(name, *args, root=tmp_path)
+        assert done.returncode == 3, (name, done.stdout, done.stderr)
+        assert done.stdout.startswith("BARE:"), (name, done.stdout)
+    assert not (tmp_path / "state" / "setup.pid").exists()  # no setup started without the tag's archive
+
+
+def test_begin_on_neither_card_starts_nothing_and_the_block_answers_skip(tmp_path: Path) -> None:
+    """begin.sh reads the card: an H200 or an H100 resumes its own study; on any other card nothing
+    is set up, and the block's later calls answer skip (not BARE: this is the block's machine)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA A100-SXM4-80GB'\n")
+    smi.chmod(0o755)
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path)
+    assert begun.returncode == 0, begun.stdout + begun.stderr
+    assert "GPU: NVIDIA A100-SXM4-80GB" in begun.stdout
+    assert (tmp_path / "state" / "lease.start").is_file()
+    assert "neither card" in (tmp_path / "state" / "not-h200").read_text()
+    for name, args in (("recv.sh", ()), ("block_poll.sh", ("920", "600"))):
+        done = _gpu_script(name, *args, root=tmp_path, path=path)
+        assert done.returncode == 0, (name, done.stdout, done.stderr)
+        assert done.stdout.startswith("skip"), (name, done.stdout)
+    assert not (tmp_path / "state" / "setup.pid").exists()
+    assert not (tmp_path / "state" / "study.log").exists()

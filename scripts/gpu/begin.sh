@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Call 1 of a block (reports/gpu-h200/study-1/RUNBOOK.md), run from the repository copy with the tag's
+# archive carried: marks this machine as the block's ($STATE/lease.start, which the block's later calls
+# require), reads the card, and on an H200 or an H100 starts setup (recv.sh) and resumes that card's
+# study in the background (study.sh), no trial starting after T seconds:
+#   bash scripts/gpu/begin.sh T
+# On any other card nothing starts, and block_poll.sh answers `skip`. FINALISTS and REPEATS pass
+# through to study.sh (0 for a sampling block).
+set -uo pipefail
+. "$(dirname "$0")/common.sh"
+T=${1:?usage: begin.sh T (seconds after which no trial may start)}
+date +%s > "$STATE/lease.start"
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+echo "GPU: ${GPU:-none}"
+case "$GPU" in  # one study per card: no trial of one card enters the other's file
+  *H200*) NAME=rag-h200-study-1; DB=reports/gpu-h200/study-1/rag-h200-study-1.db ;;
+  *H100*) NAME=rag-h100-study-1; DB=reports/gpu-h100/study-1/rag-h100-study-1.db ;;
+  *) echo "neither card (${GPU:-none}): nothing started" | tee "$STATE/not-h200"; exit 0 ;;
+esac
+bash "$(dirname "$0")/recv.sh"
+# study.sh runs from a copy: a running bash script must not be rewritten by the next call's sync
+rm -rf "$STATE/study-scripts"; cp -r "$(dirname "$0")" "$STATE/study-scripts"
+env STUDY_NAME=$NAME STUDY_DB=$DB FINALISTS="${FINALISTS:-0}" REPEATS="${REPEATS:-0}" \
+  setsid nohup bash "$STATE/study-scripts/study.sh" "$T" 18 > "$STATE/study.log" 2>&1 < /dev/null &
+sleep 2
+cat "$STATE/study.log"
