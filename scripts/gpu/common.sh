@@ -16,8 +16,8 @@ mkdir -p "$BUNDLE/pieces" "$BUNDLE/wheels" "$PYDEPS" "$ENGINES" "$STATE" "$STUDY
 # A block's later calls (pieces, polls, finish) must reach the machine that ran its call 1
 # (begin.sh), which wrote $STATE/lease.start. When that machine goes away mid-block, the next call
 # gets a bare one: there these calls answer BARE at once, rather than start a setup no tag archive
-# came with or wait out a poll on a study that is not there (in the H100 study's block 2 four polls
-# and finish.sh spent most of a lease that way: reports/gpu-h100/study-1/block2/NOTES.md), so the
+# came with or wait out a poll on a study that is not there (in the H100 study's block 2 five polls
+# spent the rest of a lease that way: reports/gpu-h100/study-1/block2/NOTES.md), so the
 # message ends and what is left of the budget can carry the block again from call 1.
 require_block() {
   if [ ! -f "$STATE/lease.start" ]; then

@@ -99,7 +99,7 @@ def _gpu_script(name: str, *args: str, root: Path, path: str | None = None) -> s
 
 def test_a_bare_machine_answers_every_later_call_of_a_block_at_once(tmp_path: Path) -> None:
     """In the H100 study's block 2 the machine that ran call 1 went away after the pieces; the next
-    calls got a bare machine and four polls waited out their 230 s on a study that was not there
+    calls got a bare machine and five polls waited out their waits on a study that was not there
     (reports/gpu-h100/study-1/block2/NOTES.md). On a machine begin.sh did not mark, the pieces, the
     polls and finish.sh now do nothing and say BARE, so the message ends with its budget kept."""
     for name, args in (("recv.sh", ()), ("poll.sh", ("600",)), ("block_poll.sh", ("920", "600")), ("finish.sh", ())):
