@@ -142,8 +142,8 @@ def _search_flags(s: argparse.ArgumentParser, worker: bool) -> None:
     s.add_argument(
         "--finalists",
         type=_at_least(0),
-        help=f"best configs repeated after the search (default {DEFAULT_PLAN.finalists}; CPU default "
-        f"{CPU_DEFAULT_PLAN.finalists})",
+        help="best configs repeated after the search, per tier in a two-tier study "
+        f"(default {DEFAULT_PLAN.finalists}; CPU default {CPU_DEFAULT_PLAN.finalists})",
     )
     s.add_argument(
         "--repeats", type=_at_least(0),

@@ -57,9 +57,9 @@ def run_finalists(
 ) -> dict[str, Any]:
     """Repeat and stress-check the finalists, store ``finalists``, ``stress`` and ``verdict`` on the
     study, and return the verdict."""
-    ranked = pick_finalists(study, len(study.trials))
-    chosen = [t for t in ranked if not is_default(t)][:k]
-    chosen += [t for t in ranked if is_default(t)]
+    # k is per deciding metric: a two-tier study repeats each tier's k best, which differ where the
+    # tiers disagree (the first k of one ranking over all would leave the other tier's best out)
+    chosen = pick_finalists(study, k)
     chosen.sort(key=lambda t: not is_default(t))  # the default first: the reference
     finalists = []
     for trial in chosen:
@@ -67,7 +67,8 @@ def run_finalists(
         if n > 0:
             finalists.append(_summary(trial, runs))
     if stress:
-        spare = [t for t in ranked if t not in chosen and not is_default(t)]
+        taken = {t.number for t in chosen}
+        spare = [t for t in pick_finalists(study, len(study.trials)) if t.number not in taken and not is_default(t)]
         while spare and not _a_tuned_config_passed(study, chosen):
             trial = spare.pop(0)
             chosen.append(trial)

@@ -26,7 +26,7 @@ from tuner.naming import safe_name
 from tuner.progress import Progress
 from tuner.report.trials_table import trials_table
 from tuner.search.enqueue import enqueued_points
-from tuner.search.finalists import run_finalists
+from tuner.search.finalists import deciders, run_finalists
 from tuner.search.grid import grid_points, shuffled
 from tuner.search.model.sampler import ModelSampler, context_of
 from tuner.search.objective import SearchObjective
@@ -180,8 +180,8 @@ def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:
 
 def _finalists(study: optuna.Study, plan: Plan, ctx: TrialContext, space: Space, stress: bool) -> None:
     ctx.progress.line(
-        f"finalists: {plan.finalists} best feasible configs and the engine default, {plan.repeats} fresh boots each"
-        + (", the last with the stress check" if stress else "")
+        f"finalists: the {plan.finalists} best feasible configs by {' and by '.join(deciders(study))}, and each "
+        f"engine's default, {plan.repeats} fresh boots each" + (", the last with the stress check" if stress else "")
     )
     verdict = run_finalists(study, plan.finalists, plan.repeats, ctx, space.static.enforce_eager, stress)
     ctx.progress.line(describe_verdict(verdict))

@@ -177,15 +177,34 @@ def trial_claims(trial: optuna.trial.FrozenTrial) -> dict[str, Claim]:
 
 
 def tier_winners(study: optuna.Study, tiers: Sequence[str]) -> dict[str, int]:
-    """Each tier's best feasible trial by the capacity it recorded there (ties: the earlier trial)."""
+    """Each tier's winner: the top of the finalists' verdict on that tier (the winner, or the first of
+    a tie by its repeats' mean) where the study has one and that trial is still feasible; else the
+    best feasible trial by the capacity it recorded there (ties: the earlier trial)."""
+    feasible = feasible_trials(study)
+    numbers = {t.number for t in feasible}
     best: dict[str, int] = {}
     for tier in tiers:
+        top = _verdict_top(study, tier, single=len(tiers) == 1)
+        if top in numbers:
+            best[tier] = top
+            continue
         found = [(float((trial_attrs(t).get("metrics") or {}).get(f"capacity_{tier}_req_s") or 0.0), -t.number)
-                 for t in feasible_trials(study)]  # fmt: skip
+                 for t in feasible]  # fmt: skip
         found = [f for f in found if f[0] > 0]
         if found:
             best[tier] = -max(found)[1]
     return best
+
+
+def _verdict_top(study: optuna.Study, tier: str, single: bool) -> int | None:
+    """The first trial of the finalists' verdict on ``tier`` (``tuner.search.finalists``: by metric in a
+    two-tier study; a one-tier study's verdict is on ``capacity_req_s``), or None without one."""
+    verdict = study_attrs_of(study).get("verdict") or {}
+    judged = (verdict.get("by_metric") or {}).get(f"capacity_{tier}_req_s")
+    if judged is None and single and verdict.get("metric") in ("capacity_req_s", f"capacity_{tier}_req_s"):
+        judged = verdict
+    trials = (judged or {}).get("trials") or []
+    return int(trials[0]) if trials else None
 
 
 def verify_winners(
@@ -194,17 +213,28 @@ def verify_winners(
     """``tuner search --verify``: each tier's winner booted from its recorded launch and checked at its
     capacity by the engine's own client; the reports go in the study's ``verify`` attribute. A trial
     that won several tiers boots once for all of them. A tier that cannot be verified says why there,
-    and the others still run."""
-    found: dict[str, Any] = {}
+    and the others still run. Each boot's reports are stored as it ends, and a search resumed after its
+    machine went away (a GPU lease may end between two winners' boots) keeps a tier's stored report
+    where the winner is the same trial and it holds no error, and boots only the rest."""
+    winners = tier_winners(study, tiers)
+    stored = study_attrs_of(study).get("verify") or {}
+    found: dict[str, Any] = {
+        tier: report for tier, report in stored.items()
+        if tier in winners and "error" not in report and report.get("trial") == winners[tier]
+    }  # fmt: skip
+    for tier in found:
+        progress.line(f"verify {tier}: trial {winners[tier]}'s report kept from an earlier run of this study")
     won: dict[int, list[str]] = {}
-    for tier, number in tier_winners(study, tiers).items():
-        won.setdefault(number, []).append(tier)
+    for tier, number in winners.items():
+        if tier not in found:
+            won.setdefault(number, []).append(tier)
     for number, its_tiers in won.items():
         try:
             report = verify_trial(study, number, opts, its_tiers, None, progress, work_dir / f"trial-{number}")
             found.update({tier: tier_report(report, tier) for tier in its_tiers})
         except TunerError as exc:
             found.update({tier: {"study": study.study_name, "trial": number, "error": str(exc)} for tier in its_tiers})
+        study.set_user_attr("verify", {tier: found[tier] for tier in tiers if tier in found})
     reports = {t: found.get(t) or {"error": f"no feasible trial found a {t} capacity above 0 req/s"} for t in tiers}
     study.set_user_attr("verify", reports)
     for tier, report in reports.items():

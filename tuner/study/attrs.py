@@ -98,6 +98,7 @@ class StudyAttrs(TypedDict, total=False):
     verdict: dict[str, Any]
     stress: dict[str, dict[str, Any]]
     gpu_price_usd_per_hour: float  # tuner search --gpu-price (tuner.study.cost)
+    verify: dict[str, dict[str, Any]]  # tuner search --verify: each tier's report (tuner.search.verify_server)
 
 
 TRIAL_KEYS = frozenset(TrialAttrs.__annotations__)

@@ -12,7 +12,7 @@ from tuner.measure.trial import TrialContext, TrialResult
 from tuner.progress import Quiet
 from tuner.search import finalists
 from tuner.search.objective import record
-from tuner.search.scoring import DIRECTIONS
+from tuner.search.scoring import DIRECTIONS, MAX
 from tuner.study.attrs import DEFAULT_KIND
 from tuner.study.feasible import feasible_pareto, feasible_trials
 from tuner.workloads.base import Workload
@@ -136,3 +136,33 @@ def test_finalists_stopped_mid_way_resume_with_what_had_ended(study: optuna.Stud
     # a third run finds everything done and boots nothing
     monkeypatch.setattr(finalists, "run_trial", boots_until(len(booted)))
     assert finalists.run_finalists(study, k=3, n=2, ctx=ctx, enforce_eager=True) == verdict
+
+
+def test_a_two_tier_study_repeats_each_tiers_best(ctx: TrialContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--finalists k`` is per tier in a capacity-pareto study (docs/search.md, "Finalists and the
+    verdict"): each tier's k best are repeated. Here the tiers disagree: trial 1 is the interactive
+    tier's best, trial 3 the relaxed tier's, and trial 2 ranks second under both. Taking the first k of
+    the interactive ranking left trial 3 out, so the relaxed tier's verdict was on the wrong configs."""
+    study = optuna.create_study(directions=[MAX, MAX])
+    study.set_user_attr("objective", "capacity-pareto")
+    caps = {0: (5.0, 6.0), 1: (10.0, 5.0), 2: (8.0, 8.0), 3: (6.0, 9.0)}  # trial 0: the engine default
+    for number, (interactive, relaxed) in caps.items():
+        metrics = {"capacity_interactive_req_s": interactive, "capacity_relaxed_req_s": relaxed}
+        config = {} if number == 0 else {"chunk_size": 512 * number}
+        attrs = {"config_kind": DEFAULT_KIND if number == 0 else "sampled", "constraint_violation": 0.0,
+                 "engine": "vllm", "config": config, "metrics": metrics}  # fmt: skip
+        study.add_trial(optuna.trial.create_trial(values=[interactive, relaxed], user_attrs=attrs))
+    booted: list[int] = []
+
+    def run(number: int, config: Config, ctx: TrialContext, repeat: int | None = None, stress: bool = False,
+            **_: Any) -> TrialResult:  # fmt: skip
+        booted.append(number)
+        interactive, relaxed = caps[number]
+        metrics = {"capacity_interactive_req_s": interactive, "capacity_relaxed_req_s": relaxed}
+        return TrialResult(config, SPEC, "0.32.0", metrics=metrics)
+
+    monkeypatch.setattr(finalists, "run_trial", run)
+    verdict = finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=True, stress=False)
+    assert booted == [0, 0, 0, 1, 1, 1, 3, 3, 3], "the default first, then each tier's best; trial 2 is neither"
+    assert verdict["by_metric"]["capacity_interactive_req_s"]["trials"] == [1]
+    assert verdict["by_metric"]["capacity_relaxed_req_s"]["trials"] == [3]

@@ -86,3 +86,48 @@ def test_a_trial_that_won_both_tiers_boots_once_and_each_tier_gets_its_own_repor
     for tier, report in reports.items():
         assert set(report["claims"]) == {tier}
         assert all(set(r["tiers"]) == set(r["goal_met"]) == {tier} for r in report["runs"])
+
+
+def test_the_finalists_verdict_names_the_winner_where_there_is_one() -> None:
+    """After the finalists, a tier's winner is the verdict's (its repeats' mean), not the best single
+    trial; a verdict naming a trial no longer feasible falls back to the recorded capacities."""
+    study = _study()
+    by_metric = {"capacity_interactive_req_s": {"kind": "winner", "trials": [0]},  # trial 2 recorded more
+                 "capacity_relaxed_req_s": {"kind": "tie", "trials": [1, 2]}}  # trial 1 is infeasible  # fmt: skip
+    study.set_user_attr("verdict", {"kind": "winner", "metric": "capacity_interactive_req_s", "trials": [0],
+                                    "by_metric": by_metric})  # fmt: skip
+    assert tier_winners(study, ["interactive", "relaxed"]) == {"interactive": 0, "relaxed": 0}
+    one_tier = _study()
+    one_tier.set_user_attr("verdict", {"kind": "tie", "metric": "capacity_req_s", "trials": [3, 2]})
+    assert tier_winners(one_tier, ["relaxed"]) == {"relaxed": 3}
+
+
+def test_a_verify_cut_by_the_lease_resumes_with_the_tier_left(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each winner's reports are stored as its boot ends; a search resumed after its machine went away
+    boots only the winners whose report is missing or an error."""
+    study = _study()  # interactive: trial 2; relaxed: trial 0
+    boots: list[int] = []
+
+    def boot(limit: int | None) -> Any:
+        def verify(study: optuna.Study, number: int, opts: SearchOptions, tiers: list[str] | None, *rest: Any) -> dict:
+            if limit is not None and len(boots) == limit:
+                raise KeyboardInterrupt  # the lease ended during this boot
+            boots.append(number)
+            assert tiers is not None
+            claims = {t: {"rate_req_s": 1.0} for t in tiers}
+            return {"trial": number, "url": "http://x", "claims": claims, "runs": [_run(1.0, tiers)]}
+
+        return verify
+
+    monkeypatch.setattr(verify_server, "describe_report", lambda report: [])
+    monkeypatch.setattr(verify_server, "verify_trial", boot(1))
+    with pytest.raises(KeyboardInterrupt):
+        verify_winners(study, SearchOptions(workload="rag"), ["interactive", "relaxed"], Progress(), tmp_path)
+    assert boots == [2] and set(study.user_attrs["verify"]) == {"interactive"}
+    monkeypatch.setattr(verify_server, "verify_trial", boot(None))
+    reports = verify_winners(study, SearchOptions(workload="rag"), ["interactive", "relaxed"], Progress(), tmp_path)
+    assert boots == [2, 0], "only the relaxed tier's winner booted again"
+    assert {t: r["trial"] for t, r in reports.items()} == {"interactive": 2, "relaxed": 0}
+    study.set_user_attr("verify", {**reports, "relaxed": {"study": "s", "trial": 0, "error": "the client exited 1"}})
+    verify_winners(study, SearchOptions(workload="rag"), ["interactive", "relaxed"], Progress(), tmp_path)
+    assert boots == [2, 0, 0], "a stored error is tried again"
