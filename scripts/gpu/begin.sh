@@ -4,8 +4,9 @@
 # require), reads the card, and on an H200 or an H100 starts setup (recv.sh) and resumes that card's
 # study in the background (study.sh), no trial starting after T seconds:
 #   bash scripts/gpu/begin.sh T
-# On any other card nothing starts, and block_poll.sh answers `skip`. FINALISTS and REPEATS pass
-# through to study.sh (0 for a sampling block).
+# On any other card nothing starts, and block_poll.sh answers `skip`. FINALISTS and REPEATS (0 unless
+# given: a sampling block), STRESS and VERIFY (study.sh) are the block's; they are kept in
+# $STATE/block.env, so that a poll's restart of the search runs the same stage.
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
 T=${1:?usage: begin.sh T (seconds after which no trial may start)}
@@ -17,10 +18,13 @@ case "$GPU" in  # one study per card: no trial of one card enters the other's fi
   *H100*) NAME=rag-h100-study-1; DB=reports/gpu-h100/study-1/rag-h100-study-1.db ;;
   *) echo "neither card (${GPU:-none}): nothing started" | tee "$STATE/not-h200"; exit 0 ;;
 esac
+printf 'export FINALISTS=%s REPEATS=%s STRESS=%s VERIFY=%s\n' "${FINALISTS:-0}" "${REPEATS:-0}" "${STRESS:-0}" \
+  "${VERIFY:-0}" > "$STATE/block.env"
+cat "$STATE/block.env"
 bash "$(dirname "$0")/recv.sh"
 # study.sh runs from a copy: a running bash script must not be rewritten by the next call's sync
 rm -rf "$STATE/study-scripts"; cp -r "$(dirname "$0")" "$STATE/study-scripts"
-env STUDY_NAME=$NAME STUDY_DB=$DB FINALISTS="${FINALISTS:-0}" REPEATS="${REPEATS:-0}" \
-  setsid nohup bash "$STATE/study-scripts/study.sh" "$T" 18 > "$STATE/study.log" 2>&1 < /dev/null &
+( . "$STATE/block.env"; exec env STUDY_NAME=$NAME STUDY_DB=$DB \
+  setsid nohup bash "$STATE/study-scripts/study.sh" "$T" 18 > "$STATE/study.log" 2>&1 < /dev/null ) &
 sleep 2
 cat "$STATE/study.log"

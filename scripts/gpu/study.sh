@@ -3,7 +3,7 @@
 # script must not be rewritten by the next call's sync of the working tree):
 #   cp -r scripts/gpu /root/state/study-scripts
 #   [STUDY_NAME=rag-h200-capacity] [STUDY_DB=reports/gpu-h200/capacity/rag-h200-capacity.db] [OOM=0] \
-#     [OBJECTIVE=capacity-pareto] [SAMPLER=tpe] [REQUESTS=200] [FINALISTS=0 REPEATS=0] [STRESS=0] [ENGINES_ONLY=vllm] \
+#     [OBJECTIVE=capacity-pareto] [SAMPLER=tpe] [REQUESTS=200] [FINALISTS=0 REPEATS=0] [STRESS=0] [VERIFY=0] [ENGINES_ONLY=vllm] \
 #     setsid nohup bash /root/state/study-scripts/study.sh TIMEOUT_S [TRIALS] > /root/state/study.log 2>&1 &
 # Unpacks the carried `git archive HEAD` (.gpubundle/tuner-head.tar.gz; else copies the working tree)
 # into $RUN at once, waits for setup.sh and the models, starts sidecar.py (and oom.py if OOM=1)
@@ -70,16 +70,18 @@ CACHE=$STATE/cache; mkdir -p "$CACHE"
 export XDG_CACHE_HOME=$CACHE VLLM_CACHE_ROOT=$CACHE/vllm TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor \
   TRITON_CACHE_DIR=$CACHE/triton FLASHINFER_WORKSPACE_BASE=$CACHE
 STRESS_FLAG=(); [ "${STRESS:-0}" = 1 ] || STRESS_FLAG=(--no-stress)
+VERIFY_FLAG=(); [ "${VERIFY:-0}" = 1 ] && VERIFY_FLAG=(--verify)  # each tier's winner, by the engine's own client
 ENGINES_FLAG=(); [ -z "${ENGINES_ONLY:-}" ] || ENGINES_FLAG=(--engines "$ENGINES_ONLY")
 # the sampler is named, not left to the tuner's default: study 1 samples with TPE, the default at its tag
 # (gpu-study-1), and main's default for the capacity objectives has since become the performance model
-log "tuner search --study $NAME --trials $TRIALS --timeout $left --requests ${REQUESTS:-200} --objective ${OBJECTIVE:-capacity-pareto} --sampler ${SAMPLER:-tpe} ${ENGINES_FLAG[*]}"
+log "tuner search --study $NAME --trials $TRIALS --timeout $left --requests ${REQUESTS:-200} --objective ${OBJECTIVE:-capacity-pareto} --sampler ${SAMPLER:-tpe} --finalists ${FINALISTS:-0} --repeats ${REPEATS:-0} ${STRESS_FLAG[*]} ${ENGINES_FLAG[*]} ${VERIFY_FLAG[*]}"
 PYTHONPATH="$PYDEPS/tuner:$RUN" "$PY" -m tuner search --workload rag --space search_spaces/gpu-h200.yaml \
   --model "$MODELS/target" --draft-model "$MODELS/draft-2l" --draft-model "$MODELS/draft-1l" \
   --draft-model "$MODELS/eagle3-head" --draft-model "$MODELS/eagle-head" \
   --engine-env "vllm=$ENGINES/vllm" --engine-env "sglang=$ENGINES/sglang" \
   --study "$NAME" --storage "$STORAGE" --objective "${OBJECTIVE:-capacity-pareto}" --requests "${REQUESTS:-200}" \
   --trials "$TRIALS" --finalists "${FINALISTS:-0}" --repeats "${REPEATS:-0}" "${STRESS_FLAG[@]}" "${ENGINES_FLAG[@]}" \
+  "${VERIFY_FLAG[@]}" \
   --sampler "${SAMPLER:-tpe}" \
   --timeout "$left" > "$STUDY/search.log" 2>&1 &
 echo $! > "$STATE/search.pid"
