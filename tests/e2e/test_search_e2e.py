@@ -29,6 +29,7 @@ import optuna
 import pytest
 
 from tests.e2e.conftest import ROOT, capacity_of, engine_processes, search_study, tuner
+from tuner.deploy.verify import read_launch_file
 from tuner.measure.process import free_port
 from tuner.search.scoring import directions
 from tuner.search.space import load_space
@@ -60,7 +61,7 @@ def study(storage: str) -> optuna.Study:
         pre.enqueue_trial({**BASE, "vllm.memory_fraction": fraction, "vllm.spec_method": "off"})
     done = _search(
         storage, 2, "--finalists", "1", "--repeats", "1",
-        "--verify",  # each tier's winner booted again from its recorded launch, checked by vLLM's client
+        "--verify",  # each tier's winner booted again from its exported .sh, checked by vLLM's client
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     # The default space holds both engines; on a machine without a GPU SGLang is left out, said once.
@@ -323,13 +324,16 @@ def test_ctrl_c_during_boot_stops_the_engine_and_marks_the_trial_failed(tmp_path
 
 
 def test_verify_boots_each_tiers_winner_and_vllms_client_judges_it(study: optuna.Study) -> None:
-    """`tuner search --verify`: the recorded launch of each tier's best trial booted on its own, then
+    """`tuner search --verify`: the exported .sh of each tier's winner booted on its own, then
     `vllm bench serve` at its capacity and 1.2x it, judged per request as a step is."""
     reports = study.user_attrs["verify"]
     assert set(reports) == {"interactive", "relaxed"}
     for tier, report in reports.items():
         assert "error" not in report, report
         trial = next(t for t in study.get_trials() if t.number == report["trial"])
+        launch_file = Path(report["launch_file"])
+        assert launch_file.suffix == ".sh" and launch_file.is_file(), report["launch_file"]
+        assert read_launch_file(launch_file)[1] == trial.user_attrs["launch"]["args"], "the file is the trial's command"
         capacity = trial.user_attrs["metrics"][f"capacity_{tier}_req_s"]
         assert capacity > 0 and report["engine"] == "vllm"
         assert [r["share"] for r in report["runs"]] == [1.0, 1.2]

@@ -299,7 +299,7 @@ def _verify_flags(v: argparse.ArgumentParser) -> None:
     v.add_argument("--url", help="a running server's base URL, e.g. http://127.0.0.1:8000 (with --workload, --rate)")
     v.add_argument("--workload", help="the workload the capacity was claimed for (with --url)")
     v.add_argument("--rate", type=_above_zero, dest="claimed_rate", help="the claimed capacity, req/s (with --url)")
-    v.add_argument("--study", help="verify a trial of this study: its recorded capacity, its recorded launch")
+    v.add_argument("--study", help="verify a trial of this study: its recorded capacity, its exported .sh")
     v.add_argument("--storage", help="the study's storage URL (default $TUNER_STORAGE or sqlite:///studies/STUDY.db)")
     v.add_argument("--trial", type=_at_least(0), help="the trial's number (with --study)")
     v.add_argument("--model", help="a model folder whose tokenizer sizes the requests (default: the served folder)")

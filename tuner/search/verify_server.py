@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import optuna
 
-from tuner.deploy.export import stored_launch
+from tuner.deploy.export import manifest, safe_stem, stored_launch
+from tuner.deploy.formats import render_sh
 from tuner.deploy.verify import read_launch_file
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Device, EngineAdapter, LaunchSpec
@@ -210,7 +211,7 @@ def _verdict_top(study: optuna.Study, tier: str, single: bool) -> int | None:
 def verify_winners(
     study: optuna.Study, opts: SearchOptions, tiers: Sequence[str], progress: Progress, work_dir: Path
 ) -> dict[str, Any]:
-    """``tuner search --verify``: each tier's winner booted from its recorded launch and checked at its
+    """``tuner search --verify``: each tier's winner booted from its exported .sh and checked at its
     capacity by the engine's own client; the reports go in the study's ``verify`` attribute. A trial
     that won several tiers boots once for all of them. A tier that cannot be verified says why there,
     and the others still run. Each boot's reports are stored as it ends, and a search resumed after its
@@ -277,8 +278,9 @@ def verify_trial(
     study: optuna.Study, number: int, opts: SearchOptions, tiers: Sequence[str] | None, duration_s: float | None,
     progress: Progress, work_dir: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Boot the trial's recorded launch on a free port (``ServerProcess``: stopped, its whole group,
-    on any exit), and verify the recorded capacity of each of ``tiers`` (None: every tier) on it."""
+    """Boot the trial's exported .sh (written to ``work_dir``, and checked to read back as the recorded
+    launch) on a free port (``ServerProcess``: stopped, its whole group, on any exit), and verify the
+    recorded capacity of each of ``tiers`` (None: every tier) on it."""
     trial = next((t for t in study.trials if t.number == number), None)
     if trial is None:
         raise ConfigError(f"--trial {number}: study {study.study_name!r} has no such trial")
@@ -298,10 +300,22 @@ def verify_trial(
     # the client runs from the environment the trial's server ran from, unless told otherwise
     opts = dataclasses.replace(opts, engine_envs={engine: str(launch["python"]), **opts.engine_envs})
     kind = (study_attrs_of(study).get("hardware") or {}).get("kind", "cuda")
-    spec = _spec(adapter, str(launch["python"]), str(launch["module"]), list(launch["args"]), launch.get("env"))
-    report = _boot_and_verify(spec, f"trial {number}", opts, claims, None, "cpu" if kind == "cpu" else "gpu",
-                              duration_s, progress, work_dir)  # fmt: skip
-    return {"study": study.study_name, "trial": number, **report}
+    with tempfile.TemporaryDirectory(prefix="tuner-verify-export-") as scratch:
+        # what boots is the trial's exported .sh, read back as `tuner verify FILE` reads one: the command
+        # a user deploys, which must be the one the trial measured
+        where = work_dir or Path(scratch)
+        where.mkdir(parents=True, exist_ok=True)
+        launch_file = where / (safe_stem(study.study_name, number) + ".sh")
+        launch_file.write_text(render_sh(manifest(study, trial)))
+        module, args, _ = read_launch_file(launch_file)
+        if module != launch["module"] or args != [str(a) for a in launch["args"]]:
+            raise ExportError(f"trial {number}: its exported .sh reads back as {module} {args}, not the recorded "
+                              f"{launch['module']} {launch['args']}")  # fmt: skip
+        spec = _spec(adapter, str(launch["python"]), module, args, None)
+        report = _boot_and_verify(spec, f"trial {number}", opts, claims, None, "cpu" if kind == "cpu" else "gpu",
+                                  duration_s, progress, work_dir)  # fmt: skip
+    kept = str(launch_file) if work_dir is not None else None
+    return {"study": study.study_name, "trial": number, "launch_file": kept, **report}
 
 
 def verify_launch_file(
