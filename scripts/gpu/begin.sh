@@ -24,7 +24,7 @@ cat "$STATE/block.env"
 bash "$(dirname "$0")/recv.sh"
 # study.sh runs from a copy: a running bash script must not be rewritten by the next call's sync
 rm -rf "$STATE/study-scripts"; cp -r "$(dirname "$0")" "$STATE/study-scripts"
-( . "$STATE/block.env"; exec env STUDY_NAME=$NAME STUDY_DB=$DB \
-  setsid nohup bash "$STATE/study-scripts/study.sh" "$T" 18 > "$STATE/study.log" 2>&1 < /dev/null ) &
+: > "$STATE/study.log"
+start_study "$T" STUDY_NAME="$NAME" STUDY_DB="$DB"
 sleep 2
 cat "$STATE/study.log"

@@ -12,8 +12,7 @@ T=${1:?usage: block_poll.sh T W}; W=${2:?usage: block_poll.sh T W}
 require_block
 if [ -f "$STATE/search.rc" ] && [ $(( $(date +%s) - $(cat "$STATE/lease.start") )) -lt "$T" ]; then
   rm -f "$STATE/search.rc"
-  ( . "$STATE/block.env"; exec env STUDY_NAME="$(cat "$STATE/study.name")" \
-    setsid nohup bash "$STATE/study-scripts/study.sh" 60 18 >> "$STATE/study.log" 2>&1 < /dev/null ) &
+  start_study 60 STUDY_NAME="$(cat "$STATE/study.name")"
   echo RESTARTED
 fi
 bash "$(dirname "$0")/poll.sh" "$W"

@@ -25,3 +25,11 @@ require_block() {
     exit 3
   fi
 }
+# The block's search, started in the background from the scripts' copy (a running bash script must not
+# be rewritten by the next call's sync), with the block's stage (begin.sh's block.env) and the study's
+# 18 trials; its output appended to study.log. Arguments: the seconds after which no trial may start,
+# then NAME=VALUE settings for study.sh (STUDY_NAME, and STUDY_DB where the file is to be copied in).
+start_study() {
+  ( . "$STATE/block.env"; exec env "${@:2}" setsid nohup bash "$STATE/study-scripts/study.sh" "$1" 18 \
+      >> "$STATE/study.log" 2>&1 < /dev/null ) &
+}
