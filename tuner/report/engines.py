@@ -9,7 +9,9 @@ and by how much; that one drive each cannot tell them apart, where the higher cl
 other's bracket (a tie included); or that only one engine was measured. Where both engines' best
 trials were finalists with at least three fresh-boot repeats, the sentence compares the repeats'
 means instead, and says so where their 95 % intervals overlap. Trials not yet run (an
-enqueued config waiting for its boot) name no engine here.
+enqueued config waiting for its boot) name no engine here. An engine booted only by trials that
+failed before they recorded a capacity (an interrupted lease, a boot that died) was not measured:
+it is named as such, never as an engine that carried no load.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class EngineBest:
     best: Trial | None  # the feasible trial of highest capacity in the tier (None: none served it)
     default: Trial | None  # the engine's defaults (the latest, if re-run)
     repeats: dict[str, float] | None = None  # the best's capacity in the tier over its finalist repeats
+    measured: bool = True  # a trial of it recorded a capacity in the tier (0 included)
+    failed: int = 0  # its trials that ended FAIL
 
     def capacity(self, tier: str) -> float:
         found = tier_capacity(self.best, tier) if self.best is not None else None
@@ -50,8 +54,13 @@ def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
         served = [t for t in feasible if engine_of(t) == engine and (tier_capacity(t, tier) or 0.0) > 0]
         best = max(served, key=lambda t: (tier_capacity(t, tier) or 0.0, -t.number), default=None)
         defaults = [t for t in everything if engine_of(t) == engine and is_default(t)]
+        # the latest that recorded a capacity (an earlier one was re-run); a failed re-run hides none
+        defaults = [t for t in defaults if tier_capacity(t, tier) is not None] or defaults
         repeats = repeat_stats(study, best.number, tier) if best is not None else None
-        found.append(EngineBest(engine, best, defaults[-1] if defaults else None, repeats))
+        own = [t for t in everything if engine_of(t) == engine]
+        measured = any(tier_capacity(t, tier) is not None for t in own)
+        failed = sum(t.state == optuna.trial.TrialState.FAIL for t in own)
+        found.append(EngineBest(engine, best, defaults[-1] if defaults else None, repeats, measured, failed))
     return found
 
 
@@ -77,11 +86,32 @@ def _repeated(first: EngineBest, second: EngineBest) -> str:
     return f"{carried}: {a.engine} {ra['mean'] / rb['mean']:.2f}x on this workload."
 
 
+def _not_measured(rows: list[EngineBest]) -> str:
+    """The sentence for engines no trial of which recorded a capacity in the tier."""
+    named = " and ".join(f"{r.engine} ({r.failed} failed)" if r.failed else r.engine for r in rows)
+    return f"No trial of {named} recorded a capacity here, so it is not compared."
+
+
 def comparison(rows: list[EngineBest], tier: str) -> str:
     """One sentence from the numbers: who carried more in ``tier``, and by how much."""
-    served = sorted((r for r in rows if r.capacity(tier) > 0), key=lambda r: -r.capacity(tier))
     if len(rows) < 2:
         return "Only one engine was booted in this study: nothing to compare."
+    measured = [r for r in rows if r.measured]
+    unmeasured = [r for r in rows if not r.measured]
+    if not measured:
+        return "No trial of any engine recorded a capacity under this tier: nothing to compare."
+    if unmeasured:
+        return f"{_measured(measured, tier)} {_not_measured(unmeasured)}"
+    return _measured(measured, tier)
+
+
+def _measured(rows: list[EngineBest], tier: str) -> str:
+    """The comparison among engines a trial of which recorded a capacity in ``tier``."""
+    served = sorted((r for r in rows if r.capacity(tier) > 0), key=lambda r: -r.capacity(tier))
+    if len(rows) == 1:
+        only = rows[0]
+        load = f"{number(only.capacity(tier))} req/s" if served else "no load under this tier's SLO"
+        return f"{only.engine} carried {load}."
     if not served:
         return "No engine carried any load under this tier's SLO."
     if len(served) == 1:
@@ -115,10 +145,16 @@ def _row(r: EngineBest, tier: str, price: float | None) -> _Row:
     again = f"; repeats {mean_interval(r.repeats)}" if r.repeats else ""
     return _Row(
         tuned,
-        (capacity_cell(best, tier) + again) if best else "0",
+        (capacity_cell(best, tier) + again) if best else ("0" if r.measured else "not measured"),
         (cost_text(best.user_attrs, tier, price) if best is not None else "") or "-",
-        capacity_cell(r.default, tier) if r.default is not None else "not booted",
+        _defaults_cell(r.default, tier),
     )
+
+
+def _defaults_cell(default: Trial | None, tier: str) -> str:
+    if default is None:
+        return "not booted"
+    return "failed" if default.state == optuna.trial.TrialState.FAIL else capacity_cell(default, tier)
 
 
 def engines_section(study: optuna.Study, price: float | None = None) -> str:

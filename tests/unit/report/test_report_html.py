@@ -201,3 +201,44 @@ def test_with_repeats_of_both_engines_the_comparison_reads_their_means_and_inter
     )
     capacity_study.set_user_attr("finalists", [{"trial": 2, **stats(4.1, 3.5, 4.7)}])  # sglang's best not repeated
     assert "1.14x" in comparison(per_engine(capacity_study, "interactive"), "interactive")  # one trial each, as before
+
+
+def test_an_engine_whose_only_trial_failed_is_not_measured_and_not_said_to_carry_nothing(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    """The H100 study after its block 3: SGLang's defaults were cut by a lease's end (FAIL, no
+    capacity) and queued again, and the report read "sglang | - | 0" and "Only vllm carried load under
+    this tier's SLO", as if SGLang had been measured and carried nothing."""
+    from tuner.report.engines import comparison, engines_md, per_engine
+
+    study = optuna.create_study(study_name="cut", storage=f"sqlite:///{tmp_path / 'cut.db'}", direction="maximize")
+    vllm_default = capacity_study.get_trials()[0]
+    study.add_trial(vllm_default)
+    cut = optuna.trial.create_trial(
+        params={"engine": "sglang"}, distributions=vllm_default.distributions, state=optuna.trial.TrialState.FAIL,
+        user_attrs={"engine": "sglang", "config_kind": "engine_default", "booted": True},
+    )  # fmt: skip
+    study.add_trial(cut)
+    study.enqueue_trial({"engine": "sglang"})
+    rows = {r.engine: r for r in per_engine(study, "interactive")}
+    assert not rows["sglang"].measured and rows["sglang"].failed == 1 and rows["vllm"].measured
+    assert comparison(list(rows.values()), "interactive") == (
+        "vllm carried 2 req/s. No trial of sglang (1 failed) recorded a capacity here, so it is not compared."
+    )
+    assert "| sglang | - | not measured | failed |" in engines_md(study)
+    # measured at last, then re-run and cut again: the comparison is the two engines' again, and
+    # the latest default that recorded a capacity stands for SGLang's defaults
+    sglang_attrs = dict(capacity_study.get_trials()[1].user_attrs)
+    again = optuna.trial.create_trial(
+        params={"engine": "sglang"}, distributions=vllm_default.distributions, values=[1.5], user_attrs=sglang_attrs
+    )
+    study.add_trial(again)
+    study.add_trial(cut)
+    measured = [t.number for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    rows = {r.engine: r for r in per_engine(study, "interactive")}
+    assert rows["sglang"].default is not None and rows["sglang"].default.number == measured[-1]
+    assert rows["sglang"].measured and rows["sglang"].failed == 2
+    assert comparison(list(rows.values()), "interactive") == (
+        "vllm carried 2 req/s, sglang 1.5: vllm 1.33x on this workload."
+    )
+    assert f"| sglang | {measured[-1]} | 1.5 | 1.5 |" in engines_md(study)
