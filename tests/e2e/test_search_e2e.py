@@ -180,7 +180,12 @@ def test_report_renders_in_a_real_browser(study: optuna.Study, storage: str, tmp
     done = tuner("report", "--study", STUDY, "--storage", storage, "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     page = tmp_path / STUDY / "index.html"
-    assert (tmp_path / STUDY / "summary.md").read_text().startswith(f"# Study {STUDY}")
+    summary = (tmp_path / STUDY / "summary.md").read_text()
+    assert summary.startswith(f"# Study {STUDY}")
+    for tier, report in study.user_attrs["verify"].items():  # --verify's checks, as the search stored them
+        assert f"- {tier}: trial {report['trial']} (vllm " in summary, summary
+    booted = [t for t in study.get_trials() if t.user_attrs.get("phases_s", {}).get("boot")]
+    assert f"| {booted[0].number} | vllm | " in summary.split("## What each trial cost")[1], summary
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -212,6 +217,8 @@ def test_report_renders_in_a_real_browser(study: optuna.Study, storage: str, tmp
             "importance",
             "failure-map",
             "acceptance",
+            "trial-costs",
+            "verified",
             "launch",
         )
         for section in sections:

@@ -43,6 +43,7 @@ from tuner.report.engines import engines_md, engines_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trial_costs import costs_md, costs_section
 from tuner.report.trials_table import study_price
+from tuner.report.verified import verified_md, verified_section
 from tuner.report.winner import launch_choice
 from tuner.study.attrs import (
     DEFAULT_KIND,
@@ -267,7 +268,7 @@ def write_report(study: optuna.Study, out_root: Path, gpu_price: float | None = 
         first = [pareto_section(study), cdf_section(study)]
     sections = [*first, costs_section(study), importance_section(found, capacity),
                 best_vs_default_section(study, price), failure_map_section(study, list(found)),
-                acceptance_section(study), launch_section(study)]  # fmt: skip
+                acceptance_section(study), verified_section(study), launch_section(study)]  # fmt: skip
     out = out_root / safe_name(study.study_name)
     out.mkdir(parents=True, exist_ok=True)
     page = f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(study.study_name)}</title>'
@@ -286,7 +287,7 @@ def summary_md(study: optuna.Study) -> str:
         lines.append(f"- {describe_verdict(verdict)}")
     if is_capacity_study(study):
         lines += engines_md(study)
-    lines += costs_md(study)
+    lines += costs_md(study) + verified_md(study)
     said, trials = launch_choice(study)
     lines += ["", "## Launch command of the winner", "", said]
     for t in trials:

@@ -7,7 +7,8 @@ own time is the rest of the trial's wall time: sampling, the memory screen, writ
 stopping the engine and waiting until its memory is free. The peak is the engine's own processes'
 GPU memory where the sampler could tell them apart, else the device-wide peak
 (``tuner.measure.trial``). A trial that never booted, or was cut before it stored its phases, shows
-``-`` where a figure is unknown.
+``-`` where a figure is unknown. A finalist's fresh-boot repeats are not trials and store no phases,
+so the finalists' boots are not here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import optuna
 
 from tuner.report.describe import engine_of
 from tuner.report.trials_table import acceptance_cell
-from tuner.study.attrs import trial_attrs
+from tuner.study.attrs import STRESS_CHECK_KIND, trial_attrs
 
 Trial = optuna.trial.FrozenTrial
 GIB = 1024**3
@@ -76,7 +77,13 @@ def _cells(cost: TrialCost) -> tuple[str, ...]:
 
 
 def _finished(study: optuna.Study) -> list[TrialCost]:
-    return [trial_cost(t) for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    """Every finished trial but the records of finalists' stress checks: those are never booted, and the
+    check's time is in its finalist's repeats."""
+    return [
+        trial_cost(t)
+        for t in study.get_trials(deepcopy=False)
+        if t.state.is_finished() and trial_attrs(t).get("config_kind") != STRESS_CHECK_KIND
+    ]
 
 
 def total_line(costs: list[TrialCost]) -> str:

@@ -36,6 +36,8 @@ def _study(tmp_path: Path) -> optuna.Study:
         "speculation": {"acceptance_rate": 0.8438, "mean_accept_len": 3.53},
     }))  # fmt: skip
     study.add_trial(_trial(1, 668.0, optuna.trial.TrialState.FAIL, {"engine": "sglang", "booted": True}))
+    # a finalist's failed stress check, recorded as a trial of its own: never booted, not a cost
+    study.add_trial(_trial(2, 0.0, optuna.trial.TrialState.COMPLETE, {"engine": "vllm", "config_kind": "stress_check"}))
     study.enqueue_trial({"engine": "sglang"})
     return study
 
@@ -67,7 +69,7 @@ def test_the_report_and_summary_show_each_finished_trials_cost_and_the_total(tmp
     assert (
         lines[-1] == "2 finished trials, 2 booted: 1251 s in all, 216 s booting, 362 s measuring, 4 s the tuner's own."
     )
-    assert not any(line.startswith("| 2 |") for line in lines), "a waiting trial has cost nothing yet"
+    assert not any(line.startswith(("| 2 |", "| 3 |")) for line in lines), "a stress check's record, a waiting trial"
     assert "## What each trial cost" in summary_md(study)
     page = write_report(study, tmp_path / "reports").read_text()
     assert '<section id="trial-costs"><h2>What each trial cost</h2>' in page and "<td>583</td>" in page
