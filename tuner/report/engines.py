@@ -23,7 +23,7 @@ import optuna
 
 from tuner.report.capacity import bracket_top, capacity_cell, tier_capacity, tiers
 from tuner.report.describe import engine_of, mean_interval, number
-from tuner.study.attrs import is_default, study_attrs_of
+from tuner.study.attrs import is_default, study_attrs_of, trial_attrs
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_trials
 
@@ -34,10 +34,10 @@ Trial = optuna.trial.FrozenTrial
 class EngineBest:
     engine: str
     best: Trial | None  # the feasible trial of highest capacity in the tier (None: none served it)
-    default: Trial | None  # the engine's defaults (the latest, if re-run)
+    default: Trial | None  # the engine's defaults (re-run: the latest that recorded a capacity, else the latest)
     repeats: dict[str, float] | None = None  # the best's capacity in the tier over its finalist repeats
     measured: bool = True  # a trial of it recorded a capacity in the tier (0 included)
-    failed: int = 0  # its trials that ended FAIL
+    failed: int = 0  # its trials that ended FAIL or recorded a failure class (out of memory, screened, ...)
 
     def capacity(self, tier: str) -> float:
         found = tier_capacity(self.best, tier) if self.best is not None else None
@@ -59,7 +59,7 @@ def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
         repeats = repeat_stats(study, best.number, tier) if best is not None else None
         own = [t for t in everything if engine_of(t) == engine]
         measured = any(tier_capacity(t, tier) is not None for t in own)
-        failed = sum(t.state == optuna.trial.TrialState.FAIL for t in own)
+        failed = sum(t.state == optuna.trial.TrialState.FAIL or bool(trial_attrs(t).get("failure")) for t in own)
         found.append(EngineBest(engine, best, defaults[-1] if defaults else None, repeats, measured, failed))
     return found
 

@@ -242,3 +242,23 @@ def test_an_engine_whose_only_trial_failed_is_not_measured_and_not_said_to_carry
         "vllm carried 2 req/s, sglang 1.5: vllm 1.33x on this workload."
     )
     assert f"| sglang | {measured[-1]} | 1.5 | 1.5 |" in engines_md(study)
+
+
+def test_an_engine_whose_only_trial_ran_out_of_memory_is_counted_failed_not_measured(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    """A trial that booted and ran out of memory ends COMPLETE, infeasible, with no capacity: its
+    engine was not measured either, and the sentence counts that trial as failed."""
+    from tuner.report.engines import comparison, per_engine
+
+    study = optuna.create_study(study_name="oom", storage=f"sqlite:///{tmp_path / 'oom.db'}", direction="maximize")
+    vllm_default, oom = capacity_study.get_trials()[0], capacity_study.get_trials()[4]
+    assert oom.user_attrs["failure"] == "oom_boot"
+    study.add_trial(vllm_default)
+    attrs = {**oom.user_attrs, "engine": "sglang"}
+    study.add_trial(optuna.trial.create_trial(params={"engine": "sglang"}, distributions=vllm_default.distributions,
+                                              values=[0.0], user_attrs=attrs))  # fmt: skip
+    rows = per_engine(study, "interactive")
+    assert comparison(rows, "interactive") == (
+        "vllm carried 2 req/s. No trial of sglang (1 failed) recorded a capacity here, so it is not compared."
+    )
