@@ -93,11 +93,12 @@ def bracket_top(trial: Trial, tier: str) -> float | None:
 
 def capacity_cell(trial: Trial, tier: str) -> str:
     """The tier's capacity in req/s, ``pruned`` when the search stopped early, ``-`` when unknown; with
-    the bracket it was resolved in (up to the lowest rate that did not pass) where the trial has one."""
+    the bracket it was resolved in (up to the lowest rate that did not pass) where the trial has one.
+    A pruned tier records 0 req/s; its bracket says how far below the incumbent nothing passed."""
     found = tier_capacity(trial, tier)
     pruned = " pruned" if _tier_attrs(trial, tier).get("pruned") else ""
     high = bracket_top(trial, tier)
-    upto = f"<{number(high)}" if high is not None and found else ""
+    upto = f"<{number(high)}" if high is not None and found is not None and high > found else ""
     return "-" if found is None else number(found) + upto + pruned
 
 

@@ -84,3 +84,19 @@ def test_a_model_study_shows_each_prediction_beside_the_measured_capacity(capaci
     section = prediction_section(capacity_study)
     assert "+25%" in section and "0.8..2.4" in section and "+40%" in section
     assert "~0.5" in section and "-75%" not in section  # no claim, so no error
+
+
+def test_a_pruned_tier_shows_the_bracket_below_which_nothing_passed() -> None:
+    """The H100 study's trial 3: its interactive search failed 6.34, 5.49 and 5.11 req/s, left 4.76
+    undecided and pruned the tier. The table read "0 pruned", as if nothing at all had been carried;
+    its bracket [0, 4.76) is what the search found."""
+    from tuner.report.capacity import capacity_cell
+
+    tiers = {"interactive": {"capacity_req_s": 0.0, "bracket_req_s": [0.0, 4.756828460010884], "pruned": True},
+             "relaxed": {"capacity_req_s": 5.989845327788118, "bracket_req_s": [5.989845327788118, 6.44]},
+             "no_bracket": {"capacity_req_s": 0.0}}  # fmt: skip
+    trial = optuna.trial.create_trial(value=0.0, user_attrs={"capacity": {"tiers": tiers}})
+    assert capacity_cell(trial, "interactive") == "0<4.76 pruned"
+    assert capacity_cell(trial, "relaxed") == "5.99<6.44"
+    assert capacity_cell(trial, "no_bracket") == "0"
+    assert capacity_cell(trial, "absent") == "-"
