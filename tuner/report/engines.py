@@ -53,11 +53,11 @@ def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
     for engine in engines:
         served = [t for t in feasible if engine_of(t) == engine and (tier_capacity(t, tier) or 0.0) > 0]
         best = max(served, key=lambda t: (tier_capacity(t, tier) or 0.0, -t.number), default=None)
-        defaults = [t for t in everything if engine_of(t) == engine and is_default(t)]
+        own = [t for t in everything if engine_of(t) == engine]
+        defaults = [t for t in own if is_default(t)]
         # the latest that recorded a capacity (an earlier one was re-run); a failed re-run hides none
         defaults = [t for t in defaults if tier_capacity(t, tier) is not None] or defaults
         repeats = repeat_stats(study, best.number, tier) if best is not None else None
-        own = [t for t in everything if engine_of(t) == engine]
         measured = any(tier_capacity(t, tier) is not None for t in own)
         failed = sum(t.state == optuna.trial.TrialState.FAIL or bool(trial_attrs(t).get("failure")) for t in own)
         found.append(EngineBest(engine, best, defaults[-1] if defaults else None, repeats, measured, failed))

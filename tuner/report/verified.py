@@ -2,8 +2,8 @@
 
 ``--verify`` boots each tier's winner from its exported launch file and runs the engine's own client
 at the claimed capacity and at a higher share of it (``tuner.search.verify_server``); the reports
-are stored in the study's ``verify`` attribute, one per tier. Here they are read back as a table: at
-each rate the attainment the client's per-request results give, what was counted of what was sent,
+are stored in the study's ``verify`` attribute, one per tier. Here they are read back, a line per
+tier: at each rate the attainment the client's per-request results give, what was counted of what was sent,
 and whether the goal held (at the claim, at most the report's ``goal_slack`` below the target;
 above it, below the target). A tier whose check could not run shows why. The report module reads
 what the search stored and never boots anything.
