@@ -34,6 +34,8 @@ from hypothesis import settings
 
 from tests.faults.outcomes import start_run
 
+pytest_plugins = ["tests.scheduling"]  # the order test files run in, and on which worker
+
 settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False, database=None)
 settings.load_profile("explore" if os.environ.get("TUNER_FUZZ_EXPLORE") else "repeatable")

@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.conftest import search_study
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.engine(boots=4)
 STUDY = "methods"
 BASE = {"engine": "vllm", "vllm.chunk_size": 512, "vllm.max_num_seqs": 4, "vllm.memory_fraction": 0.6}
 # Three methods on the generated models, each with what it takes (tuner.search.space names)

@@ -40,7 +40,7 @@ MAX_MODEL_LEN = load_space().static.max_model_len
 # The module's shared study (five boots, a capacity search, a finalist, --verify) is set up inside the
 # first test's time: on a busy two-core machine it has come close to the suite's 900 s per test, so
 # this module alone gets more before a hang is called one.
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.engine(boots=7), pytest.mark.timeout(1500)]  # the study's 5, the export, Ctrl-C
 STUDY = "e2e"
 BASE = {"engine": "vllm", "vllm.chunk_size": 512, "vllm.max_num_seqs": 4}
 

@@ -33,7 +33,7 @@ from tests.e2e.presets import REQUESTS, Measured, Served, measure_presets, serve
 from tuner.engines.env import EngineEnv
 from tuner.workloads import rag
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.engine(boots=1)
 
 
 @pytest.fixture(scope="module")

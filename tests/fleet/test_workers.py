@@ -22,7 +22,7 @@ import pytest
 
 from tests.e2e.conftest import ROOT, engine_processes, tuner
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.engine(boots=5)  # 4 trials and the one killed mid-trial
 BUDGET = 4  # three workers, one killed mid-trial: its trial runs again and the other two share the rest
 SPACE = "engines: [vllm]\nparameters:\n  chunk_size: {choices: [512, 1024, 2048]}\n  max_num_seqs: {choices: [2, 4]}\n"
 FAST_HEARTBEAT = {"TUNER_HEARTBEAT_S": "2", "TUNER_HEARTBEAT_GRACE_S": "12"}

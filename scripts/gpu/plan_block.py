@@ -1,0 +1,80 @@
+"""The numbers of a block's message (reports/gpu-h200/study-1/RUNBOOK.md), from the device budget left
+before it and the seconds the probe's start held (the block's start is taken to be as long):
+
+    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S PROBE_HELD_S
+
+It prints `T` (no trial starts after it), `W` (each poll's wait) and every call of the message in order.
+Written by hand, these came out wrong once: block 5 of the H100 study took `T` from the RUNBOOK's
+worked example, not from its own budget, and gave back 601 s where a third trial could have run
+(reports/gpu-h100/study-1/block5/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+# What a block's calls and trials hold, as the blocks' notes measured them (each block's "Device time"
+# table, the latest: reports/gpu-h100/study-1/block5/NOTES.md; a trial's boot and search: the Trials
+# tables of reports/gpu-h100.md), rounded up so that the polls and finish.sh end inside the budget.
+PIECES = 22  # the bundle's pieces, one call each (.gpubundle/pieces)
+PIECE_CALL_S = 3  # one piece's call
+CALL1_AND_FINISH_S = 60  # call 1 and finish.sh together
+POLLS = 6
+POLL_MARGIN_S = 5  # per poll: its own start and the copy it brings back
+POLL_TIMEOUT_EXTRA_S = 100  # a poll's limit over its wait: block_poll.sh prints and copies after waiting
+TRIAL_S = 600  # a cold trial from boot to score: one started at T ends by the last poll
+ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failed probes have eaten the budget")
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget_s: int  # B: the budget left less the block's start
+    trial_deadline_s: int  # T
+    poll_wait_s: int  # W
+
+    @property
+    def poll_timeout_s(self) -> int:
+        return self.poll_wait_s + POLL_TIMEOUT_EXTRA_S
+
+
+def plan(budget_left_s: int, probe_held_s: int) -> Plan | None:
+    """The block's `T` and `W`, or None where the budget holds no trial."""
+    b = budget_left_s - probe_held_s
+    if b < ONE_TRIAL_S:
+        return None
+    wait = (b - PIECES * PIECE_CALL_S - CALL1_AND_FINISH_S) // POLLS - POLL_MARGIN_S
+    return Plan(b, b - TRIAL_S, wait)
+
+
+def message(p: Plan) -> list[str]:
+    """Every call of the block's message, in order (kind nvidia-h200 for each)."""
+    carry = "carry .gpubundle/tuner-head.tar.gz .gpubundle/tuner-head.commit"
+    calls = [f"run, timeout 120, {carry}: bash scripts/gpu/begin.sh {p.trial_deadline_s}"]
+    calls += [f"run, timeout 120, carry .gpubundle/pieces/p.{i:02d}: bash scripts/gpu/recv.sh | head -1"
+              for i in range(PIECES)]  # fmt: skip
+    for i in range(POLLS):
+        deadline = p.trial_deadline_s if i < POLLS - 1 else 0  # the last poll restarts nothing
+        calls.append(f"run, timeout {p.poll_timeout_s}: bash scripts/gpu/block_poll.sh {deadline} {p.poll_wait_s}")
+    calls += ["run, timeout 120: bash scripts/gpu/finish.sh", "give_back"]
+    return calls
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        print("usage: plan_block.py BUDGET_LEFT_S PROBE_HELD_S", file=sys.stderr)
+        return 2
+    budget_left_s, held_s = map(int, argv)
+    p = plan(budget_left_s, held_s)
+    if p is None:
+        print(f"no block: {budget_left_s} s less a start of {held_s} s is under the {ONE_TRIAL_S} s that a start, "
+              "setup and one trial need")  # fmt: skip
+        return 1
+    print(f"B {p.budget_s} s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})")
+    for i, call in enumerate(message(p), 1):
+        print(f"{i:2d}. {call}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
