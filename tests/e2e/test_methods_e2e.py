@@ -17,7 +17,10 @@ import pytest
 
 from tests.e2e.conftest import search_study
 
-pytestmark = pytest.mark.engine(boots=4)
+# The module's study (four boots, each with a capacity search) is set up inside the first test's time,
+# and runs while the other engine files boot (tests/scheduling.py sends them first): on two cores
+# that has come close to the suite's 900 s per test, so this module gets more before a hang is called one.
+pytestmark = [pytest.mark.engine(boots=4), pytest.mark.timeout(1500)]
 STUDY = "methods"
 BASE = {"engine": "vllm", "vllm.chunk_size": 512, "vllm.max_num_seqs": 4, "vllm.memory_fraction": 0.6}
 # Three methods on the generated models, each with what it takes (tuner.search.space names)
