@@ -17,6 +17,9 @@ engine file's, it gets the last file of the queue that boots nothing, so that no
 behind a long test; otherwise the next file as above.
 
 The controller reads each file's boots from its source (it collects nothing itself; the workers do).
+This extends xdist's ``LoadFileScheduling`` through its internals (its queue, its per-node work and
+how it sends a unit), which are no API: pyproject.toml pins pytest-xdist, and
+tests/unit/test_scheduling.py runs the scheduler under xdist, so a change there fails a test.
 """
 
 from __future__ import annotations
