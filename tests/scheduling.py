@@ -51,7 +51,7 @@ class EngineFilesFirst(LoadFileScheduling):  # type: ignore[misc]  # xdist ships
 
     def __init__(self, config: pytest.Config, log: Producer | None = None) -> None:
         super().__init__(config, log)
-        self.root = Path(config.rootpath)
+        self.root = config.rootpath
         # the queue in collection order (xdist's schedule() sorts it by number of tests unless this is
         # off): the back then holds the unit tests' files, the lightest
         config.option.loadscopereorder = False

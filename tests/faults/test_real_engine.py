@@ -44,14 +44,6 @@ pytestmark = pytest.mark.engine(boots=3)
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
-def _wait_line(log: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: float = 400.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in log.read_text(errors="replace"):
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"no {text!r} in {timeout_s} s: {log.read_text()[-2000:]}"
-        time.sleep(0.2)
-
-
 def _wait_served(trial_log: Path, n: int, proc: subprocess.Popen[bytes]) -> None:
     """Until vLLM's access log shows ``n`` completions begun: 2 warmup ones, then the measured ones."""
     deadline = time.monotonic() + 400

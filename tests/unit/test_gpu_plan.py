@@ -3,31 +3,20 @@ and finish.sh inside the budget, and no trial started that the lease cannot fini
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu" / "plan_block.py"
+from tests.unit.gpu_scripts import GPU_SCRIPTS, load_gpu_script
 
-
-def _plan_block() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("plan_block", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # a dataclass finds its module there
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = GPU_SCRIPTS / "plan_block.py"
 
 
 @pytest.mark.parametrize(("budget", "held"), [(1800, 0), (1770, 29), (1409, 30), (1064, 90), (900, 40)])
 def test_the_polls_end_inside_the_budget_and_the_last_trial_by_the_last_poll(budget: int, held: int) -> None:
-    pb = _plan_block()
+    pb = load_gpu_script("plan_block")
     p = pb.plan(budget, held)
     assert p is not None and p.budget_s == budget - held
     spent = pb.CALL1_AND_FINISH_S + pb.PIECES * pb.PIECE_CALL_S + pb.POLLS * (p.poll_wait_s + pb.POLL_MARGIN_S)
@@ -37,7 +26,7 @@ def test_the_polls_end_inside_the_budget_and_the_last_trial_by_the_last_poll(bud
 
 
 def test_the_message_is_the_runbooks_calls_in_order() -> None:
-    pb = _plan_block()
+    pb = load_gpu_script("plan_block")
     p = pb.plan(1770, 29)
     calls = pb.message(p)
     assert len(calls) == 1 + pb.PIECES + pb.POLLS + 2
@@ -52,14 +41,14 @@ def test_the_message_is_the_runbooks_calls_in_order() -> None:
 
 
 def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
-    pb = _plan_block()
+    pb = load_gpu_script("plan_block")
     assert pb.plan(pb.ONE_TRIAL_S + 29, 30) is None
     done = subprocess.run([sys.executable, str(SCRIPT), "601", "0"], capture_output=True, text=True, check=False)
     assert done.returncode == 1 and done.stdout.startswith("no block:") and len(done.stdout.splitlines()) == 1
     printed = subprocess.run([sys.executable, str(SCRIPT), "1770", "29"], capture_output=True, text=True, check=True)
     lines = printed.stdout.splitlines()
-    assert lines[0] == f"B 1741 s: T {pb.plan(1770, 29).trial_deadline_s}, W {pb.plan(1770, 29).poll_wait_s} " \
-        f"(poll timeout {pb.plan(1770, 29).poll_timeout_s})"  # fmt: skip
-    assert len(lines) == 1 + len(pb.message(pb.plan(1770, 29)))
+    p = pb.plan(1770, 29)
+    assert lines[0] == f"B 1741 s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})"
+    assert len(lines) == 1 + len(pb.message(p))
     bad = subprocess.run([sys.executable, str(SCRIPT), "many"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr

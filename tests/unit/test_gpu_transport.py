@@ -9,23 +9,15 @@ lease went by with nothing run
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import subprocess
 import tarfile
 from pathlib import Path
-from types import ModuleType
+
+from tests.unit.gpu_scripts import load_gpu_script
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _carry_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("carry_check", ROOT / "scripts" / "gpu" / "carry_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _slim(what: str) -> list[str]:
@@ -51,7 +43,7 @@ def test_the_slim_tree_holds_what_a_block_reads_and_leaves_the_bulk_out() -> Non
 
 
 def test_the_tree_and_a_bundle_piece_fit_one_device_call() -> None:
-    cc = _carry_check()
+    cc = load_gpu_script("carry_check")
     tree, piece = cc.tree_bytes(ROOT), cc.piece_bytes()
     assert piece >= cc.MIB, piece  # the default was read from bundle.sh, not a stray match
     assert tree + piece <= cc.CALL_LIMIT_BYTES - cc.MARGIN_BYTES, (
@@ -62,7 +54,7 @@ def test_the_tree_and_a_bundle_piece_fit_one_device_call() -> None:
 
 def test_the_check_refuses_a_piece_that_would_not_fit() -> None:
     """Not vacuous: a piece of the whole limit fails, and the script says so with exit 1."""
-    cc = _carry_check()
+    cc = load_gpu_script("carry_check")
     done = subprocess.run(["python3", str(ROOT / "scripts" / "gpu" / "carry_check.py"), str(cc.CALL_LIMIT_BYTES)],
                           capture_output=True, text=True, check=False, cwd=ROOT)  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
