@@ -38,9 +38,10 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
   schedule, and ``draft_slots(params)`` the scheduling slots a request's drafting takes under
   ``params`` (None: the engine does not say); ``tuner.search.rejections`` generalises such a
   rejection by them.
-* ``refusal(params, device, version)`` is why the engine's own validation at ``version`` refuses
-  ``params`` on ``device`` before it serves, in a few words (None: nothing the adapter knows of),
-  worked out from ``draft_slots`` and ``scheduler_limits``; ``tuner plan`` leaves such a config
+* ``refusal(params, device, version, eager)`` is why the engine at ``version`` refuses ``params`` on
+  ``device`` (``eager``: without CUDA graphs) before it serves, by its own validation or by a failure
+  at boot the adapter knows, in a few words (None: nothing the adapter knows of), worked out from
+  ``draft_slots`` and ``scheduler_limits`` where those say; ``tuner plan`` leaves such a config
   out and ``tuner search`` records it as ``invalid_config`` without a boot.
 * The engine's own benchmark client, for ``tuner verify``: ``bench_dataset(prompts, output_lens)``
   is the text of a dataset file holding exactly those prompts, ``bench_argv(...)`` the client's
@@ -287,10 +288,10 @@ class EngineAdapter(abc.ABC):
         chunk, seqs = params.get("chunk_size"), params.get("max_num_seqs")
         return SchedulerLimits(None if chunk is None else int(chunk), None if seqs is None else int(seqs))
 
-    def refusal(self, params: Mapping[str, Any], device: Device, version: str) -> str | None:
-        """Why the engine's own validation at ``version`` refuses ``params`` on ``device`` before it
-        serves (None: nothing the adapter knows of; what it does not know is learned from a failed boot,
-        ``tuner.search.rejections``)."""
+    def refusal(self, params: Mapping[str, Any], device: Device, version: str, eager: bool = False) -> str | None:
+        """Why the engine at ``version`` refuses ``params`` on ``device`` (``eager``: without CUDA
+        graphs) before it serves (None: nothing the adapter knows of; what it does not know is learned
+        from a failed boot, ``tuner.search.rejections``)."""
         return None
 
     def check_version(self, version: str) -> None:

@@ -38,6 +38,17 @@ x ``max_num_seqs``: on the H200, whose default is 1024 sequences, a draft model 
 K; 0.32 reserves them once, refusing only batched tokens <= slots. ``refusal`` applies that rule, and
 both versions' ``max_num_batched_tokens >= max_num_seqs``, before anything boots.
 
+A K-by-batch-size schedule on 0.26's model runner V2: for a dense target (no experts) 0.26 runs
+EAGLE, EAGLE-3 and MTP on its V2 model runner (``VllmConfig.use_v2_model_runner``; a draft model and
+n-gram lookup keep V1). There the drafter's own CUDA graphs (``AutoRegressiveSpeculator``, one token
+a request) take each band of a schedule as (band's K + 1 - K) tokens a request
+(``CudaGraphManager._init_candidates``), so a band below K divides by zero or asks for a negative
+count of requests, and the engine dies at boot: on the H100, an EAGLE head with ``off-above-8`` and an
+EAGLE-3 head with ``taper`` (tests/data/captures/vllm-0.26.0-h100-2026-12-06), where a draft model
+with the same schedule booted on the H200. 0.32's source leaves the schedule out of the drafter's
+graphs, and under ``--enforce-eager`` no graph is captured. ``refusal`` applies it; it cannot tell a
+target with experts, which 0.26 keeps on V1, so it refuses there too.
+
 Benchmark client (``tuner verify``): ``vllm bench serve``, run as ``vllm.benchmarks.serve``'s own
 parser and main from the engine's Python (the ``vllm`` console script fails in the CPU build), on a
 ShareGPT file with ``--disable-shuffle``: the same form on 0.26 and 0.32, where the ``custom`` JSONL
@@ -72,6 +83,9 @@ from tuner.engines.versions import matches
 VLLM_DEFAULT_MEMORY_FRACTION = 0.92
 # versions whose config validation reserves each request's draft slots for every sequence it may run
 DRAFT_SLOTS_PER_SEQUENCE = ("0.26",)
+# versions whose model runner V2 dies capturing a drafter's CUDA graphs for a schedule band below K
+SCHEDULE_BELOW_K_DIES = ("0.26",)
+V2_RUNNER_METHODS = ("eagle", "eagle3", "mtp")  # vLLM's names of the methods V2 runs (0.26, a dense target)
 _FIXED_K = ("spec_schedule",)  # every method with a fixed K takes vLLM's K-by-batch-size schedule
 SPEC_METHODS = MappingProxyType({
     "draft_model": SpecSupport("draft_model", _FIXED_K, draft_slots=1),
@@ -91,6 +105,12 @@ SIGNATURES: tuple[tuple[str, str], ...] = (
     (
         r"max_num_scheduled_tokens is set to 0 based on the speculative decoding settings"
         r"|does not have enough slots to schedule a token",
+        "invalid_config",
+    ),
+    # 0.26 capturing a drafter's CUDA graphs for a schedule band below K (``refusal``): the band's
+    # query length of 0 (ZeroDivisionError in round_up) or below 0 (make_dummy's assertion)
+    (
+        r"rounded_num_tokens = round_up\(num_tokens, decode_query_len\)|assert 0 < num_reqs <= num_tokens",
         "invalid_config",
     ),
     (r"KV cache is needed, which is larger than the available KV cache memory", "kv_insufficient"),
@@ -190,7 +210,10 @@ class VllmAdapter(EngineAdapter):
         # a default sequence limit is capped at the token budget (_set_default_max_num_seqs_and_batched_tokens_args)
         return SchedulerLimits(budget, int(params.get("max_num_seqs", min(seqs, budget))))
 
-    def refusal(self, params: Mapping[str, Any], device: Device, version: str) -> str | None:
+    def refusal(self, params: Mapping[str, Any], device: Device, version: str, eager: bool = False) -> str | None:
+        schedule = self._schedule_refusal(params, device, version, eager)
+        if schedule is not None:
+            return schedule
         if device.kind != "cpu" and device.memory_bytes <= 0 and "chunk_size" not in params:
             return None  # the default token budget grows with the GPU's memory, unknown here
         # a GPU of unknown memory gets the smallest default sequence limit, which refuses the fewest configs
@@ -205,6 +228,17 @@ class VllmAdapter(EngineAdapter):
             return None
         reserves = f"{slots} draft slot(s) for each of {seqs} sequences" if per_sequence else f"{slots} draft slot(s)"
         return f"vLLM {version} reserves {reserves} out of {tokens} batched tokens, leaving none to schedule"
+
+    def _schedule_refusal(self, params: Mapping[str, Any], device: Device, version: str, eager: bool) -> str | None:
+        method, schedule = method_of(params), params.get("spec_schedule")
+        if not schedule or method == OFF or device.kind == "cpu" or eager:
+            return None  # the CPU build runs no model runner V2, and eager mode captures no graph
+        name, k = self.spec_methods[method].name, int(params["num_speculative_tokens"])
+        below = [list(band) for band in schedule if int(band[2]) < k]
+        if not matches(version, SCHEDULE_BELOW_K_DIES) or name not in V2_RUNNER_METHODS or not below:
+            return None
+        return (f"vLLM {version} dies at boot capturing {name}'s CUDA graphs for schedule bands below K={k} "
+                f"{below}")  # fmt: skip
 
     def launch(
         self, config: Config, model: ModelSpec, device: Device, port: int, python: str, version: str

@@ -8,8 +8,9 @@ Running a study's trials: one loop per slot, in one process or in many on many h
 1. Under the study's reservation lock (``Reservation``: a PostgreSQL advisory lock for a server
    database, a lock file beside a SQLite one), check the budget, ask Optuna for a trial, sample
    and screen it. Sampling one at a time, with TPE's ``constant_liar`` counting running trials as
-   bad, keeps parallel workers from proposing the same point; counting under the lock keeps the
-   study at exactly the budget.
+   bad and each worker's sampler seeded apart (``tuner.search.samplers.resumed_seed``), keeps
+   parallel workers from proposing the same point; counting under the lock keeps the study at
+   exactly the budget.
 2. Outside the lock, boot and drive it, with a heartbeat: a worker that dies (SIGKILL, a lost host)
    stops beating, so after the grace period another worker marks its trial FAIL and Optuna's
    ``RetryFailedTrialCallback`` enqueues the same config again, which the next free worker takes.

@@ -3,7 +3,8 @@
 Classes (stored on the trial as the ``failure`` user attribute; ``None`` means it served):
 
 =================== =====================================================================
-``invalid_config``  the engine's argument parser rejected the command (exit 2, ``usage:``)
+``invalid_config``  the engine rejected the command: its argument parser (exit 2, ``usage:``), or
+                    its validation or a known death at boot (the adapter's signatures)
 ``kv_insufficient`` the weights fit but the KV cache is too small for the max model length
 ``oom_boot``        out of memory while loading or reserving memory at boot
 ``boot_timeout``    not ready before the deadline

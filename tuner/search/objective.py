@@ -5,12 +5,12 @@ Per trial, in order:
 1. sample a config from the space (the enqueued engine default samples only its engine; a config
    the space enqueues, ``tuner.search.enqueue``, reads back its fixed params and is screened as a
    sampled one);
-2. a config the engine's own validation refuses (``EngineAdapter.refusal``), or one no easier than a
-   config it refused before (``tuner.search.rejections``), is recorded as ``invalid_config`` without
-   a boot; then the memory screen (``tuner.search.memory``) estimates its KV cache from the model's
-   shape, calibrated on every earlier trial of the study; a config it finds cannot fit is recorded as
-   ``screened`` (infeasible, with the estimate) and its engine never boots. The engine default is
-   never screened;
+2. a config the engine refuses (``EngineAdapter.refusal``: its validation, or a known death at
+   boot), or one no easier than a config it refused before (``tuner.search.rejections``), is
+   recorded as ``invalid_config`` without a boot; then the memory screen (``tuner.search.memory``)
+   estimates its KV cache from the model's shape, calibrated on every earlier trial of the study; a
+   config it finds cannot fit is recorded as ``screened`` (infeasible, with the estimate) and its
+   engine never boots. The engine default is never screened;
 3. otherwise the trial runs (``runner``: ``tuner.measure.trial.run_trial``, or a table in the benchmark),
    with a pruner watching its workload (``tuner.search.pruning``) against the feasible trials so far;
 4. the result is stored on the trial (``record``); a pruned trial ends PRUNED.
@@ -124,9 +124,13 @@ class SearchObjective:
         twin = None if default else self._measured_twin(config)
         if twin is not None:
             return self._duplicate(trial, config, twin, estimate_attrs)
-        refused = None if default or not self.screen else adapter.refusal(config.params, ctx.device, env.version)
+        refused = (
+            None
+            if default or not self.screen
+            else adapter.refusal(config.params, ctx.device, env.version, config.enforce_eager)
+        )
         if refused is not None:
-            why = f"the engine's own validation refuses it: {refused}"
+            why = f"the engine refuses it: {refused}"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, refused=refused)
         like = rejected_like(config, finished, adapter) if self.screen else None
         if like is not None:

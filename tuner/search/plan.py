@@ -8,9 +8,9 @@ defaults that grow with a GPU's memory, such as a sequence limit or a token budg
 smallest values). ``--engine-version ENGINE=VERSION`` plans for another supported version the same
 way. The port is the engine's default one. A speculative method the space lists that an engine, its
 version, its environment or the model cannot run is left out of that engine's space with one line
-(``say``) saying why, and so is each sampled config the engine's own validation at that version
-refuses on that device (``EngineAdapter.refusal``); another is sampled in its place, so every row
-printed is one the engine accepts as far as its adapter knows.
+(``say``) saying why, and so is each sampled config the engine at that version refuses on that
+device (``EngineAdapter.refusal``: its validation, or a known death at boot); another is sampled in
+its place, so every row printed is one the engine accepts as far as its adapter knows.
 
 The space's ``enqueue:`` configs come first, each row's ``kind`` ``enqueued`` (``sampled`` for the
 rest), as a search boots them right after the engine defaults; ``n`` counts the sampled rows only.
@@ -100,13 +100,13 @@ def plan(
     gpu = gpu or _gpu()
 
     def launch_row(kind: str) -> dict[str, Any] | None:
-        """The next trial's config as a row, or None where the engine's own validation refuses it."""
+        """The next trial's config as a row, or None where the engine refuses it."""
         trial = sampling.ask()
         config = suggest(trial, space, offers, is_default=False)
         sampling.tell(trial, 0.0)
         adapter, env, version = targets[config.engine]
         device = detect_device(env, space) if env is not None and env.is_cpu_build else gpu
-        refused = adapter.refusal(config.params, device, version)
+        refused = adapter.refusal(config.params, device, version, config.enforce_eager)
         if refused is not None:
             say(f"{config.engine} {version}: left out {json.dumps(dict(config.params))}: {refused}")
             return None

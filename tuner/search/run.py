@@ -6,6 +6,8 @@ The trials run in ``tuner.fleet.loop`` (one slot, or one per GPU slot), under th
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -42,7 +44,7 @@ from tuner.search.resolve import (
     resolve_workload,
     study_attrs,
 )
-from tuner.search.samplers import make_sampler
+from tuner.search.samplers import make_sampler, resumed_seed
 from tuner.search.scoring import check_objective, directions
 from tuner.search.space import Space, check_space_fits, load_space
 from tuner.search.speculation import Offer
@@ -108,7 +110,12 @@ def open_for(opts: SearchOptions, name: str, url: str) -> optuna.Study:
             storage = heartbeat_storage(url)
         except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
             raise StorageError(f"cannot open {url}: {str(exc).splitlines()[0]}") from exc
-    return open_study(name, storage, directions(opts.objective), make_sampler(opts.sampler_name(), opts.seed))
+    study = open_study(name, storage, directions(opts.objective), make_sampler(opts.sampler_name(), opts.seed))
+    process = f"{socket.gethostname()}/{os.getpid()}" if opts.worker else ""
+    seed = resumed_seed(opts.seed, len(study.get_trials(deepcopy=False)), process)
+    if seed != opts.seed:  # resumed, or a worker: not the draws the sampler made before (resumed_seed)
+        study.sampler = make_sampler(opts.sampler_name(), seed)
+    return study
 
 
 def run_search(opts: SearchOptions, progress: Progress) -> optuna.Study:

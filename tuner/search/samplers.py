@@ -27,6 +27,7 @@ GP and NSGA-II see the study's sampled trials only (``SampledOnly``: see why the
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from typing import Any
 
@@ -105,6 +106,19 @@ def default_sampler(objective: str) -> str:
     proposals' seconds do not lengthen the Quickstart's study against TPE's (reports/quickstart.md,
     both timed in turn)."""
     return "model" if is_capacity(objective) else "tpe"
+
+
+def resumed_seed(seed: int | None, trials: int, process: str = "") -> int | None:
+    """The seed for a sampler on a study that holds ``trials`` already (``process``: a fleet worker's
+    host and pid, else empty). A sampler draws from its seed alone, so the same seed on a resumed study
+    replays the draws it made before: while it still samples at random each is a config measured
+    already (told from its twin without a boot, and no new point), and two workers seeded alike propose
+    the same configs at once. A fresh study of one process keeps ``seed`` as given; otherwise the seed
+    is drawn from ``seed``, ``trials`` and ``process``, so a resumed study is still reproducible."""
+    if seed is None or (trials == 0 and not process):
+        return seed
+    digest = hashlib.sha256(f"{seed}/{trials}/{process}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -38,7 +38,7 @@ class TrialAttrs(TypedDict, total=False):
     worker: dict[str, Any]
     duplicate_of: int
     rejected_like: int
-    refused: str  # why the engine's own validation refuses the config (EngineAdapter.refusal): not booted
+    refused: str  # why the engine refuses the config (EngineAdapter.refusal): not booted
     stress_of: int
     stress: dict[str, Any]
     failure: str | None

@@ -250,7 +250,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
             if (est is not None and not est.fits) or rejected_like(config, finished, adapter) is not None:
                 continue
             version = c.versions.get(config.engine)
-            if version is not None and adapter.refusal(config.params, c.device, version) is not None:
+            if (
+                version is not None
+                and adapter.refusal(config.params, c.device, version, config.enforce_eager) is not None
+            ):
                 continue
             out.append((canonical, config, None if est is None else est.predicted_tokens))
         return out
