@@ -58,6 +58,7 @@ ALL: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench_search", ()),
     ("bench_model", ()),
     ("bench_model_study", ()),
+    ("bench_model_study", ("--card", "h100")),
     ("bench_proposal", ()),
     ("bench_stress_demo", ()),
     ("bench_suite", ()),

@@ -1,9 +1,10 @@
 """The performance model on a GPU study's own trials: leave one trial out, as the study's next boots see it.
 
-Run: ``.venv/bin/python -m tests.benchmarks.bench_model_study [--storage URL --study NAME]`` (boots
-nothing; minutes on 2 cores). Not part of the default test run. Writes the ``model-study`` section of
-``reports/search.md`` and ``reports/search_model.json``. The default is study 1 on the H200
-(``reports/gpu-h200/study-1/rag-h200-study-1.db``).
+Run: ``.venv/bin/python -m tests.benchmarks.bench_model_study [--card h200|h100]`` (boots nothing;
+minutes on 2 cores). Not part of the default test run. Study 1 of that card (``CARDS``; the default
+the H200's, ``reports/gpu-h200/study-1/rag-h200-study-1.db``), or ``--storage URL --study NAME``.
+Writes the card's section of ``reports/search.md`` and ``reports/search_model.json``:
+``model-study`` for the H200, ``model-study-h100`` for the H100.
 
 For each served trial, the model is fitted on every other served trial of the study (as ``tuner plan
 --study`` fits it, ``tuner.search.model.ranking``) and predicts that trial's capacity under each scored
@@ -31,8 +32,13 @@ from tuner.search.model.predict import EngineModel
 from tuner.search.model.ranking import device_of_study, plan_of_study, shapes_of
 from tuner.study.attrs import trial_attrs
 
-STUDY = "rag-h200-study-1"
-STORAGE = f"sqlite:///{_report.REPORTS / 'gpu-h200' / 'study-1' / (STUDY + '.db')}"
+# card -> (its study 1, the study file, the report section)
+CARDS = {
+    card: (f"rag-{card}-study-1", f"sqlite:///{_report.REPORTS / f'gpu-{card}' / 'study-1' / f'rag-{card}-study-1.db'}",
+           "model-study" if card == "h200" else f"model-study-{card}")
+    for card in ("h200", "h100")
+}  # fmt: skip
+STUDY, STORAGE, _ = CARDS["h200"]
 WITHIN = 0.20  # the issue's goal, as bench_model judges the CPU table
 MD_PATH = _report.REPORTS / "search.md"
 JSON_PATH = _report.REPORTS / "search_model.json"
@@ -114,7 +120,7 @@ def _error(cell: dict[str, Any]) -> str:
     return f"{cell['predicted'] / cell['measured'] - 1:+.0%}"
 
 
-def render(data: dict[str, Any]) -> str:
+def render(data: dict[str, Any], card: str) -> str:
     tiers = data["tiers"]
     per_tier = ("predicted", "range", "claimed [bracket)", "error", "in-sample")
     header = ["trial", "config", *(f"{t} {h}" for t in tiers for h in per_tier), "basis", "fit and predict (s)"]
@@ -128,7 +134,7 @@ def render(data: dict[str, Any]) -> str:
             cells += [_fig(c["predicted"]), _range(c), claimed, _error(c), _fig(c["in_sample"])]
         body.append([*cells, r["basis"], r["seconds"]])
     lines = [
-        "## The performance model on the H200 study (`tests/benchmarks/bench_model_study.py`)", "",
+        f"## The performance model on the {card.upper()} study (`tests/benchmarks/bench_model_study.py`)", "",
         f"Study `{data['study']}` on {data['device']}, leave one trial out: the model is fitted on every other "
         "served trial of the study and predicts the held-out trial's capacity (req/s) before, as it were, it "
         "boots; the truth is the capacity that trial's own search claimed. A range is what the other trials "
@@ -157,15 +163,17 @@ def render(data: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--storage", default=STORAGE)
-    parser.add_argument("--study", default=STUDY)
+    parser.add_argument("--card", choices=sorted(CARDS), default="h200")
+    parser.add_argument("--storage", help="the study file (default: the card's)")
+    parser.add_argument("--study", help="the study's name (default: the card's)")
     args = parser.parse_args()
+    study_name, storage, section = CARDS[args.card]
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    study = optuna.load_study(study_name=args.study, storage=args.storage)
+    study = optuna.load_study(study_name=args.study or study_name, storage=args.storage or storage)
     data = {"stamp": started, **leave_one_out(study)}
-    text = render(data)
-    _report.write_section("model-study", text, data, MD_PATH, JSON_PATH)
+    text = render(data, args.card)
+    _report.write_section(section, text, data, MD_PATH, JSON_PATH)
     print(text)
 
 
