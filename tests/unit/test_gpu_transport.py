@@ -15,13 +15,13 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from tests.unit.gpu_scripts import load_gpu_script
+from tests.unit.gpu_scripts import GPU_SCRIPTS, load_gpu_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _slim(what: str) -> list[str]:
-    done = subprocess.run([str(ROOT / "scripts" / "gpu" / "slim.sh"), what], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([str(GPU_SCRIPTS / "slim.sh"), what], cwd=ROOT, capture_output=True, text=True,
                           check=True)  # fmt: skip
     return done.stdout.splitlines()
 
@@ -55,7 +55,7 @@ def test_the_tree_and_a_bundle_piece_fit_one_device_call() -> None:
 def test_the_check_refuses_a_piece_that_would_not_fit() -> None:
     """Not vacuous: a piece of the whole limit fails, and the script says so with exit 1."""
     cc = load_gpu_script("carry_check")
-    done = subprocess.run(["python3", str(ROOT / "scripts" / "gpu" / "carry_check.py"), str(cc.CALL_LIMIT_BYTES)],
+    done = subprocess.run(["python3", str(GPU_SCRIPTS / "carry_check.py"), str(cc.CALL_LIMIT_BYTES)],
                           capture_output=True, text=True, check=False, cwd=ROOT)  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "DOES NOT FIT" in done.stdout
@@ -65,7 +65,7 @@ def test_the_study_archive_holds_what_a_block_runs_and_leaves_the_bulk_out() -> 
     """archive.sh's pathspec, as git applies it to HEAD: the tuner, the generator and corpus recv.sh
     takes out of it, the search space; no reports or benchmark tables (study.sh resumes the study file
     from the working tree)."""
-    script = (ROOT / "scripts" / "gpu" / "archive.sh").read_text()
+    script = (GPU_SCRIPTS / "archive.sh").read_text()
     assert '"$TAG" -- . "${bulk[@]}"' in script and "slim.sh pathspec" in script
     bulk = _slim("pathspec")
     blob = subprocess.run(["git", "archive", "--format=tar", "HEAD", "--", ".", *bulk],
@@ -85,7 +85,7 @@ def _gpu_script(name: str, *args: str, root: Path, path: str | None = None) -> s
     env = {**os.environ, "GPU_ROOT": str(root), "OUT": str(root / "out")}
     if path is not None:
         env["PATH"] = path
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / name), *args], cwd=ROOT, env=env,
+    return subprocess.run(["bash", str(GPU_SCRIPTS / name), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 

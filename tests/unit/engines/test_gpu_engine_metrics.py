@@ -8,12 +8,11 @@ the warmup, after the drive), so ``server_stats`` must give what the study recor
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from pathlib import Path
 
 import pytest
 
+from tests.unit.study_files import recorded_attrs
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.prometheus import metric_total, parse_prometheus
 from tuner.engines.sglang import SglangAdapter
@@ -36,16 +35,7 @@ def scrapes(folder: Path, number: int, engine: str) -> tuple[dict[str, float], d
 
 
 def recorded_server(number: int) -> dict[str, float | None]:
-    con = sqlite3.connect(f"file:{STUDY}?mode=ro", uri=True)
-    try:
-        (value,) = con.execute(
-            "select a.value_json from trials t join trial_user_attributes a using (trial_id)"
-            " where t.number = ? and a.key = 'server'",
-            (number,),
-        ).fetchone()
-    finally:
-        con.close()
-    result: dict[str, float | None] = json.loads(value)
+    result: dict[str, float | None] = recorded_attrs(STUDY)[number]["server"]
     return result
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import ast
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.unit.study_files import recorded_attrs
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.failures import classify_boot
@@ -63,18 +63,6 @@ def test_what_boots_is_not_refused(params: dict[str, Any], version: str, device:
     assert VllmAdapter().refusal(params, device, version, eager) is None
 
 
-def _trial_attrs(db: Path, number: int) -> dict[str, Any]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute(
-            "select a.key, a.value_json from trials t join trial_user_attributes a using (trial_id) where t.number = ?",
-            (number,),
-        ).fetchall()
-    finally:
-        con.close()
-    return {k: json.loads(v) for k, v in rows}
-
-
 def _launched_spec_config(log: str) -> dict[str, Any]:
     """The ``speculative_config`` of the server's own "non-default args" line."""
     line = next(ln for ln in log.splitlines() if "non-default args: " in ln)
@@ -87,7 +75,7 @@ def _launched_spec_config(log: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("number", sorted(DIED))
 def test_the_h100_trials_that_died_are_refused_now_and_their_logs_are_invalid_config(number: int) -> None:
-    attrs = _trial_attrs(H100_STUDY, number)
+    attrs = recorded_attrs(H100_STUDY)[number]
     assert attrs["failure"] == "engine_died"  # what the study's tag recorded, before the rule was known
     assert attrs["engine_version"] == "0.26.0"
     params = attrs["config"]
@@ -106,7 +94,7 @@ def test_the_h100_trials_that_died_are_refused_now_and_their_logs_are_invalid_co
 
 @pytest.mark.parametrize("number", [3, 4, 9])
 def test_the_h200_draft_models_that_booted_with_a_schedule_are_not_refused(number: int) -> None:
-    attrs = _trial_attrs(H200_BLOCK4, number)
+    attrs = recorded_attrs(H200_BLOCK4)[number]
     assert attrs["booted"] and attrs["boot_s"] > 0 and attrs["failure"] is None
     assert attrs["config"]["spec_schedule"] == OFF_ABOVE_8 and attrs["engine_version"] == "0.26.0"
     h200 = Device("cuda", "NVIDIA H200", 150_754_820_096)

@@ -7,12 +7,11 @@ The captures are whole trial logs of ``tuner search`` (tests/data/captures/READM
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from pathlib import Path
 
 import pytest
 
+from tests.unit.study_files import recorded_attrs
 from tuner.engines import ADAPTERS
 from tuner.engines.base import EngineAdapter
 from tuner.measure.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
@@ -38,16 +37,8 @@ def _adapter(path: Path) -> EngineAdapter:
 
 
 def _failures() -> dict[int, str | None]:
-    """Each trial's stored ``failure`` user attribute, read with sqlite3 (Optuna's RDB schema)."""
-    con = sqlite3.connect(f"file:{STUDY}?mode=ro", uri=True)
-    try:
-        rows = con.execute(
-            "select t.number, a.value_json from trials t join trial_user_attributes a using (trial_id)"
-            " where a.key = 'failure' order by t.number"
-        ).fetchall()
-    finally:
-        con.close()
-    return {n: json.loads(v) for n, v in rows}
+    """Each trial's stored ``failure`` user attribute."""
+    return {n: a["failure"] for n, a in sorted(recorded_attrs(STUDY).items()) if "failure" in a}
 
 
 def test_oom_log_holds_vllms_startup_memory_check() -> None:

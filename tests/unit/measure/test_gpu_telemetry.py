@@ -9,7 +9,6 @@ tuner's own: ``gpu_used_bytes``, ``gpu_device`` and ``MemorySampler``'s peak.
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 import time
 import types
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.study_files import recorded_attrs
 from tuner.measure import telemetry
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -73,16 +73,7 @@ def fake_pynvml(head: dict[str, object], rows: list[dict[str, object]]) -> types
 
 
 def _recorded(number: int, key: str) -> object:
-    con = sqlite3.connect(f"file:{STUDY}?mode=ro", uri=True)
-    try:
-        (value,) = con.execute(
-            "select a.value_json from trials t join trial_user_attributes a using (trial_id)"
-            " where t.number = ? and a.key = ?",
-            (number, key),
-        ).fetchone()
-    finally:
-        con.close()
-    return json.loads(value)
+    return recorded_attrs(STUDY)[number][key]
 
 
 def test_captures_are_an_h200_with_its_real_total() -> None:

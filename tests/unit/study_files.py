@@ -1,0 +1,25 @@
+"""What the committed GPU study files (reports/gpu-*/**.db) recorded, for the tests that check the
+tuner against them: each trial's user attributes, read with sqlite3 from Optuna's RDB schema, read-only
+so that no test writes a study file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+
+def recorded_attrs(db: Path) -> dict[int, dict[str, Any]]:
+    """Trial number -> that trial's user attributes, for every trial that has any."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "select t.number, a.key, a.value_json from trials t join trial_user_attributes a using (trial_id)"
+        ).fetchall()
+    finally:
+        con.close()
+    out: dict[int, dict[str, Any]] = {}
+    for number, key, value in rows:
+        out.setdefault(number, {})[key] = json.loads(value)
+    return out
