@@ -10,6 +10,14 @@
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
 T=${1:?usage: begin.sh T (seconds after which no trial may start)}
+# Sent twice: alone first (the block's start, in place of a probe), then again at the head of the
+# pieces' message, where it does nothing if the first one's machine is still held and starts the block
+# on a fresh one if that machine went back in between.
+if [ -f "$STATE/lease.start" ]; then
+  echo "begun on this machine $(( $(date +%s) - $(cat "$STATE/lease.start") )) s ago: nothing started again"
+  [ -f "$STATE/not-h200" ] || bash "$(dirname "$0")/status.sh"
+  exit 0
+fi
 date +%s > "$STATE/lease.start"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${GPU:-none}"

@@ -1,9 +1,17 @@
-"""The numbers of a block's message (reports/gpu-h200/study-1/RUNBOOK.md), from the device budget left
-before it and the seconds the probe's start held (the block's start is taken to be as long):
+"""The numbers of a block's messages (reports/gpu-h200/study-1/RUNBOOK.md), from the device budget left
+before the block and the seconds a start holds (the last start that came, about 30 s in sessions 36
+and 37):
 
-    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S PROBE_HELD_S
+    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S
 
-It prints `T` (no trial starts after it), `W` (each poll's wait) and every call of the message in order.
+It prints `T` (no trial starts after it), `W` (each poll's wait) and every call of the block's two
+messages in order. The first message is begin.sh alone: it is the probe. Session 37 probed, gave the
+machine back, and the block's first call got none, so the 29 calls behind it spent 15 s each and left
+too little of the lease for a trial (reports/gpu-h200/study-1/RUNBOOK.md, "Leases that ran nothing");
+a lone call that gets no machine costs only its own start. When it comes back with one, the rest goes
+at once as one message, led by begin.sh again, which does nothing on the machine still held and
+starts the block on a fresh one where that went back while the message was written (a start, as the
+probe's give_back cost every time).
 Written by hand, these came out wrong once: block 5 of the H100 study took `T` from the RUNBOOK's
 worked example, not from its own budget, and gave back 601 s where a third trial could have run
 (reports/gpu-h100/study-1/block5/NOTES.md).
@@ -20,6 +28,8 @@ from dataclasses import dataclass
 PIECES = 22  # the bundle's pieces, one call each (.gpubundle/pieces)
 PIECE_CALL_S = 3  # one piece's call
 CALL1_AND_FINISH_S = 60  # call 1 and finish.sh together
+MESSAGE_GAP_S = 30  # held and idle while the next message is written: at most the machine's idle release
+GAPS = 1  # begin.sh's message, then the rest
 POLLS = 6
 POLL_MARGIN_S = 5  # per poll: its own start and the copy it brings back
 POLL_TIMEOUT_EXTRA_S = 100  # a poll's limit over its wait: block_poll.sh prints and copies after waiting
@@ -43,26 +53,26 @@ def plan(budget_left_s: int, probe_held_s: int) -> Plan | None:
     b = budget_left_s - probe_held_s
     if b < ONE_TRIAL_S:
         return None
-    wait = (b - PIECES * PIECE_CALL_S - CALL1_AND_FINISH_S) // POLLS - POLL_MARGIN_S
+    wait = (b - (PIECES + 1) * PIECE_CALL_S - CALL1_AND_FINISH_S - GAPS * MESSAGE_GAP_S) // POLLS - POLL_MARGIN_S
     return Plan(b, b - TRIAL_S, wait)
 
 
-def message(p: Plan) -> list[str]:
-    """Every call of the block's message, in order (kind nvidia-h200 for each)."""
+def messages(p: Plan) -> list[list[str]]:
+    """The block's two messages, each a list of calls in order (kind nvidia-h200 for each)."""
     carry = "carry .gpubundle/tuner-head.tar.gz .gpubundle/tuner-head.commit"
-    calls = [f"run, timeout 120, {carry}: bash scripts/gpu/begin.sh {p.trial_deadline_s}"]
-    calls += [f"run, timeout 120, carry .gpubundle/pieces/p.{i:02d}: bash scripts/gpu/recv.sh | head -1"
+    begin = f"run, timeout 120, {carry}: bash scripts/gpu/begin.sh {p.trial_deadline_s}"
+    pieces = [f"run, timeout 120, carry .gpubundle/pieces/p.{i:02d}: bash scripts/gpu/recv.sh | head -1"
               for i in range(PIECES)]  # fmt: skip
+    polls = []
     for i in range(POLLS):
         deadline = p.trial_deadline_s if i < POLLS - 1 else 0  # the last poll restarts nothing
-        calls.append(f"run, timeout {p.poll_timeout_s}: bash scripts/gpu/block_poll.sh {deadline} {p.poll_wait_s}")
-    calls += ["run, timeout 120: bash scripts/gpu/finish.sh", "give_back"]
-    return calls
+        polls.append(f"run, timeout {p.poll_timeout_s}: bash scripts/gpu/block_poll.sh {deadline} {p.poll_wait_s}")
+    return [[begin], [begin, *pieces, *polls, "run, timeout 120: bash scripts/gpu/finish.sh", "give_back"]]
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        print("usage: plan_block.py BUDGET_LEFT_S PROBE_HELD_S", file=sys.stderr)
+        print("usage: plan_block.py BUDGET_LEFT_S START_HELD_S", file=sys.stderr)
         return 2
     budget_left_s, held_s = map(int, argv)
     p = plan(budget_left_s, held_s)
@@ -71,8 +81,13 @@ def main(argv: list[str]) -> int:
               "setup and one trial need")  # fmt: skip
         return 1
     print(f"B {p.budget_s} s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})")
-    for i, call in enumerate(message(p), 1):
-        print(f"{i:2d}. {call}")
+    heads = ("alone; no machine: no block, plan again later", "at once when it came back with a machine")
+    n = 0
+    for head, calls in zip(heads, messages(p), strict=True):
+        print(f"message ({head}):")
+        for call in calls:
+            n += 1
+            print(f"{n:2d}. {call}")
     return 0
 
 

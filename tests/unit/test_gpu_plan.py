@@ -1,5 +1,6 @@
-"""A block's message as scripts/gpu/plan_block.py writes it: the calls in the RUNBOOK's order, the polls
-and finish.sh inside the budget, and no trial started that the lease cannot finish."""
+"""A block's messages as scripts/gpu/plan_block.py writes them: begin.sh alone (the probe), then the
+rest led by begin.sh again; the polls and finish.sh inside the budget, and no trial started that the
+lease cannot finish."""
 
 from __future__ import annotations
 
@@ -19,25 +20,29 @@ def test_the_polls_end_inside_the_budget_and_the_last_trial_by_the_last_poll(bud
     pb = load_gpu_script("plan_block")
     p = pb.plan(budget, held)
     assert p is not None and p.budget_s == budget - held
-    spent = pb.CALL1_AND_FINISH_S + pb.PIECES * pb.PIECE_CALL_S + pb.POLLS * (p.poll_wait_s + pb.POLL_MARGIN_S)
+    spent = (
+        pb.CALL1_AND_FINISH_S + (pb.PIECES + 1) * pb.PIECE_CALL_S + pb.GAPS * pb.MESSAGE_GAP_S
+        + pb.POLLS * (p.poll_wait_s + pb.POLL_MARGIN_S)
+    )  # fmt: skip
     assert p.budget_s - pb.POLLS <= spent <= p.budget_s, "the polls use the lease to its end, and no further"
     assert p.trial_deadline_s + pb.TRIAL_S <= p.budget_s, "a trial started at T ends as the last poll does"
     assert p.trial_deadline_s == p.budget_s - pb.TRIAL_S, "and T is no earlier than that: an earlier T leaves budget"
 
 
-def test_the_message_is_the_runbooks_calls_in_order() -> None:
+def test_the_messages_are_the_runbooks_calls_in_order() -> None:
     pb = load_gpu_script("plan_block")
     p = pb.plan(1770, 29)
-    calls = pb.message(p)
-    assert len(calls) == 1 + pb.PIECES + pb.POLLS + 2
-    assert calls[0].endswith(f"bash scripts/gpu/begin.sh {p.trial_deadline_s}") and "tuner-head.tar.gz" in calls[0]
-    pieces = calls[1 : 1 + pb.PIECES]
+    first, second = pb.messages(p)
+    begin = f"bash scripts/gpu/begin.sh {p.trial_deadline_s}"
+    assert len(first) == 1 and first[0].endswith(begin) and "tuner-head.tar.gz" in first[0], "begin.sh alone probes"
+    assert second[0] == first[0], "the rest starts the block again where the first machine went back"
+    pieces, third = second[1 : 1 + pb.PIECES], second[1 + pb.PIECES :]
     assert [re.search(r"p\.(\d\d)", c).group(1) for c in pieces] == [f"{i:02d}" for i in range(pb.PIECES)]  # type: ignore[union-attr]
-    polls = calls[1 + pb.PIECES : 1 + pb.PIECES + pb.POLLS]
+    polls = third[: pb.POLLS]
     deadlines = [int(c.split()[-2]) for c in polls]
     assert deadlines == [p.trial_deadline_s] * (pb.POLLS - 1) + [0], "the last poll restarts nothing"
     assert all(c.split()[-1] == str(p.poll_wait_s) and f"timeout {p.poll_timeout_s}:" in c for c in polls)
-    assert calls[-2].endswith("bash scripts/gpu/finish.sh") and calls[-1] == "give_back"
+    assert third[pb.POLLS :] == ["run, timeout 120: bash scripts/gpu/finish.sh", "give_back"]
 
 
 def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
@@ -49,6 +54,8 @@ def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
     lines = printed.stdout.splitlines()
     p = pb.plan(1770, 29)
     assert lines[0] == f"B 1741 s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})"
-    assert len(lines) == 1 + len(pb.message(p))
+    calls = sum(len(m) for m in pb.messages(p))
+    assert len(lines) == 1 + len(pb.messages(p)) + calls
+    assert [line for line in lines if line.startswith("message")][0].startswith("message (alone")
     bad = subprocess.run([sys.executable, str(SCRIPT), "many"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr

@@ -121,3 +121,8 @@ def test_begin_on_neither_card_starts_nothing_and_the_block_answers_skip(tmp_pat
         assert done.stdout.startswith("skip"), (name, done.stdout)
     assert not (tmp_path / "state" / "setup.pid").exists()
     assert not (tmp_path / "state" / "study.log").exists()
+    # sent again at the head of the pieces' message (plan_block.py): the machine that ran it keeps its block
+    started = (tmp_path / "state" / "lease.start").read_text()
+    again = _gpu_script("begin.sh", "400", root=tmp_path, path=path)
+    assert again.returncode == 0 and again.stdout.startswith("begun on this machine"), again.stdout + again.stderr
+    assert (tmp_path / "state" / "lease.start").read_text() == started
