@@ -2,7 +2,7 @@
 before the block and the seconds a start holds (the last start that came, about 30 s in sessions 36
 and 37):
 
-    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S
+    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists]
 
 It prints `T` (no trial starts after it), `W` (each poll's wait) and every call of the block's two
 messages in order. The first message is begin.sh alone: it is the probe. Session 37 probed, gave the
@@ -12,6 +12,8 @@ a lone call that gets no machine costs only its own start. When it comes back wi
 at once as one message, led by begin.sh again, which does nothing on the machine still held and
 starts the block on a fresh one where that went back while the message was written (a start, as the
 probe's give_back cost every time).
+`--finalists` writes a finalists block's calls: begin.sh with the stage the RUNBOOK names (each tier's
+best and each engine's defaults repeated, the stress check, `tuner verify`), from the finalists' tag.
 Written by hand, these came out wrong once: block 5 of the H100 study took `T` from the RUNBOOK's
 worked example, not from its own budget, and gave back 601 s where a third trial could have run
 (reports/gpu-h100/study-1/block5/NOTES.md).
@@ -34,7 +36,10 @@ POLLS = 6
 POLL_MARGIN_S = 5  # per poll: its own start and the copy it brings back
 POLL_TIMEOUT_EXTRA_S = 100  # a poll's limit over its wait: block_poll.sh prints and copies after waiting
 TRIAL_S = 600  # a cold trial from boot to score: one started at T ends by the last poll
-ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failed probes have eaten the budget")
+ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failures have eaten the budget")
+# A finalists block's stage (begin.sh keeps it in block.env for the polls' restarts) and the tag it runs from
+FINALISTS_STAGE = "FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1"
+FINALISTS_TAG = "gpu-study-1-finalists"
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,11 @@ def plan(budget_left_s: int, probe_held_s: int) -> Plan | None:
     return Plan(b, b - TRIAL_S, wait)
 
 
-def messages(p: Plan) -> list[list[str]]:
+def messages(p: Plan, finalists: bool = False) -> list[list[str]]:
     """The block's two messages, each a list of calls in order (kind nvidia-h200 for each)."""
     carry = "carry .gpubundle/tuner-head.tar.gz .gpubundle/tuner-head.commit"
-    begin = f"run, timeout 120, {carry}: bash scripts/gpu/begin.sh {p.trial_deadline_s}"
+    stage = f"{FINALISTS_STAGE} " if finalists else ""
+    begin = f"run, timeout 120, {carry}: {stage}bash scripts/gpu/begin.sh {p.trial_deadline_s}"
     pieces = [f"run, timeout 120, carry .gpubundle/pieces/p.{i:02d}: bash scripts/gpu/recv.sh | head -1"
               for i in range(PIECES)]  # fmt: skip
     polls = []
@@ -71,8 +77,10 @@ def messages(p: Plan) -> list[list[str]]:
 
 
 def main(argv: list[str]) -> int:
+    finalists = "--finalists" in argv
+    argv = [a for a in argv if a != "--finalists"]
     if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        print("usage: plan_block.py BUDGET_LEFT_S START_HELD_S", file=sys.stderr)
+        print("usage: plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists]", file=sys.stderr)
         return 2
     budget_left_s, held_s = map(int, argv)
     p = plan(budget_left_s, held_s)
@@ -81,9 +89,11 @@ def main(argv: list[str]) -> int:
               "setup and one trial need")  # fmt: skip
         return 1
     print(f"B {p.budget_s} s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})")
+    if finalists:
+        print(f"finalists: the carried archive must be the finalists' tag (scripts/gpu/archive.sh {FINALISTS_TAG})")
     heads = ("alone; no machine: no block, plan again later", "at once when it came back with a machine")
     n = 0
-    for head, calls in zip(heads, messages(p), strict=True):
+    for head, calls in zip(heads, messages(p, finalists), strict=True):
         print(f"message ({head}):")
         for call in calls:
             n += 1

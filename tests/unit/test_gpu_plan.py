@@ -59,3 +59,16 @@ def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
     assert [line for line in lines if line.startswith("message")][0].startswith("message (alone")
     bad = subprocess.run([sys.executable, str(SCRIPT), "many"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_a_finalists_block_begins_with_the_runbooks_stage_in_both_begin_calls() -> None:
+    pb = load_gpu_script("plan_block")
+    p = pb.plan(1770, 29)
+    first, second = pb.messages(p, finalists=True)
+    stage = f"FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1 bash scripts/gpu/begin.sh {p.trial_deadline_s}"
+    assert first[0].endswith(stage) and second[0] == first[0], "a fresh machine's begin.sh runs the same stage"
+    assert second[1:] == pb.messages(p)[1][1:], "the pieces and polls are a sampling block's"
+    printed = subprocess.run(
+        [sys.executable, str(SCRIPT), "1770", "29", "--finalists"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "archive.sh gpu-study-1-finalists" in printed.splitlines()[1] and printed.count(stage) == 2
