@@ -53,9 +53,9 @@ class Plan:
         return self.poll_wait_s + POLL_TIMEOUT_EXTRA_S
 
 
-def plan(budget_left_s: int, probe_held_s: int) -> Plan | None:
+def plan(budget_left_s: int, start_held_s: int) -> Plan | None:
     """The block's `T` and `W`, or None where the budget holds no trial."""
-    b = budget_left_s - probe_held_s
+    b = budget_left_s - start_held_s
     if b < ONE_TRIAL_S:
         return None
     wait = (b - (PIECES + 1) * PIECE_CALL_S - CALL1_AND_FINISH_S - GAPS * MESSAGE_GAP_S) // POLLS - POLL_MARGIN_S
