@@ -1,6 +1,6 @@
 """The numbers of a block's messages (reports/gpu-h200/study-1/RUNBOOK.md), from the device budget left
-before the block and the seconds a start holds (the last start that came, about 30 s in sessions 36
-and 37):
+before the block and the seconds a start holds (the last start that came: the RUNBOOK's "The probe is
+call 1" and the blocks' notes hold what starts held):
 
     python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists]
 
