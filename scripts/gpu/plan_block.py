@@ -2,7 +2,7 @@
 before the block and the seconds a start holds (the last start that came: the RUNBOOK's "The probe is
 call 1" and the blocks' notes hold what starts held):
 
-    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists]
+    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists] [--last]
 
 It prints `T` (no trial starts after it), `W` (each poll's wait) and every call of the block's two
 messages in order. The first message is begin.sh alone: it is the probe. Session 37 probed, gave the
@@ -12,6 +12,9 @@ a lone call that gets no machine costs only its own start. When it comes back wi
 at once as one message, led by begin.sh again, which does nothing on the machine still held and
 starts the block on a fresh one where that went back while the message was written (a start, as the
 probe's give_back cost every time).
+`--last` is for the session's last device time, which is lost when the session ends: it plans one
+trial down to a lower floor, a trial that may be cut by the lease's end (the RUNBOOK's "Below the
+floor, at a session's end").
 `--finalists` writes a finalists block's calls: begin.sh with the stage the RUNBOOK names (each tier's
 best and each engine's defaults repeated, the stress check, `tuner verify`), from the finalists' tag.
 Written by hand, these came out wrong once: block 5 of the H100 study took `T` from the RUNBOOK's
@@ -37,6 +40,8 @@ POLL_MARGIN_S = 5  # per poll: its own start and the copy it brings back
 POLL_TIMEOUT_EXTRA_S = 100  # a poll's limit over its wait: block_poll.sh prints and copies after waiting
 TRIAL_S = 600  # a cold trial from boot to score: one started at T ends by the last poll
 ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failures have eaten the budget")
+# --last: start, setup and a trial as short as a pruned one, with the calls (the H100 study's block 7)
+LAST_TRIAL_S = 700
 # A finalists block's stage (begin.sh keeps it in block.env for the polls' restarts) and the tag it runs from
 FINALISTS_STAGE = "FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1"
 FINALISTS_TAG = "gpu-study-1-finalists"
@@ -53,11 +58,11 @@ class Plan:
         return self.poll_wait_s + POLL_TIMEOUT_EXTRA_S
 
 
-def plan(budget_left_s: int, start_held_s: int) -> Plan | None:
-    """The block's `T` and `W`, or None where the budget holds no trial."""
-    b = budget_left_s - start_held_s
-    if b < ONE_TRIAL_S:
+def plan(budget_left_s: int, start_held_s: int, floor_s: int = ONE_TRIAL_S) -> Plan | None:
+    """The block's `T` and `W`, or None where the budget is under `floor_s` (which holds a start)."""
+    if budget_left_s < floor_s:  # the floor holds a start already: not taken off twice
         return None
+    b = budget_left_s - start_held_s
     wait = (b - (PIECES + 1) * PIECE_CALL_S - CALL1_AND_FINISH_S - GAPS * MESSAGE_GAP_S) // POLLS - POLL_MARGIN_S
     return Plan(b, b - TRIAL_S, wait)
 
@@ -77,18 +82,20 @@ def messages(p: Plan, finalists: bool = False) -> list[list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    finalists = "--finalists" in argv
-    argv = [a for a in argv if a != "--finalists"]
+    finalists, last = "--finalists" in argv, "--last" in argv
+    argv = [a for a in argv if a not in ("--finalists", "--last")]
     if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        print("usage: plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists]", file=sys.stderr)
+        print("usage: plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists] [--last]", file=sys.stderr)
         return 2
     budget_left_s, held_s = map(int, argv)
-    p = plan(budget_left_s, held_s)
+    floor_s = LAST_TRIAL_S if last else ONE_TRIAL_S
+    p = plan(budget_left_s, held_s, floor_s)
     if p is None:
-        print(f"no block: {budget_left_s} s less a start of {held_s} s is under the {ONE_TRIAL_S} s that a start, "
-              "setup and one trial need")  # fmt: skip
+        print(f"no block: {budget_left_s} s is under the {floor_s} s that a start, setup and one trial need")
         return 1
     print(f"B {p.budget_s} s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})")
+    if budget_left_s < ONE_TRIAL_S:
+        print(f"--last: under {ONE_TRIAL_S} s, the one trial may be cut; keep the study file unless it ended")
     if finalists:
         print(f"finalists: the carried archive must be the finalists' tag (scripts/gpu/archive.sh {FINALISTS_TAG})")
     heads = ("alone; no machine: no block, plan again later", "at once when it came back with a machine")

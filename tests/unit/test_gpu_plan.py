@@ -47,7 +47,9 @@ def test_the_messages_are_the_runbooks_calls_in_order() -> None:
 
 def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
     pb = load_gpu_script("plan_block")
-    assert pb.plan(pb.ONE_TRIAL_S + 29, 30) is None
+    assert pb.plan(pb.ONE_TRIAL_S - 1, 30) is None
+    edge = pb.plan(pb.ONE_TRIAL_S, 30)  # the start is in ONE_TRIAL_S, not taken off it again
+    assert edge is not None and edge.poll_wait_s > 0 and edge.trial_deadline_s > 0
     done = subprocess.run([sys.executable, str(SCRIPT), "601", "0"], capture_output=True, text=True, check=False)
     assert done.returncode == 1 and done.stdout.startswith("no block:") and len(done.stdout.splitlines()) == 1
     printed = subprocess.run([sys.executable, str(SCRIPT), "1770", "29"], capture_output=True, text=True, check=True)
@@ -59,6 +61,20 @@ def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
     assert [line for line in lines if line.startswith("message")][0].startswith("message (alone")
     bad = subprocess.run([sys.executable, str(SCRIPT), "many"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_the_last_device_time_plans_one_trial_below_the_floor_and_says_it_may_be_cut() -> None:
+    pb = load_gpu_script("plan_block")
+    assert pb.plan(pb.LAST_TRIAL_S - 1, 30, pb.LAST_TRIAL_S) is None
+    p = pb.plan(779, 30, pb.LAST_TRIAL_S)  # the H100 study's block 7
+    assert p is not None and (p.trial_deadline_s, p.poll_wait_s) == (149, 93)
+    run = [sys.executable, str(SCRIPT), "779", "30"]
+    refused = subprocess.run(run, capture_output=True, text=True, check=False)
+    assert refused.returncode == 1 and refused.stdout.startswith("no block:")
+    printed = subprocess.run([*run, "--last"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert printed[0] == "B 749 s: T 149, W 93 (poll timeout 193)" and "may be cut" in printed[1]
+    above = subprocess.run([*run[:2], "900", "30", "--last"], capture_output=True, text=True, check=True)
+    assert "may be cut" not in above.stdout, "above the floor --last plans a block like any other"
 
 
 def test_a_finalists_block_begins_with_the_runbooks_stage_in_both_begin_calls() -> None:
