@@ -6,8 +6,8 @@ call 1" and the blocks' notes hold what starts held):
 
 It prints `T` (no trial starts after it), `W` (each poll's wait) and every call of the block's two
 messages in order. The first message is begin.sh alone: it is the probe. Session 37 probed, gave the
-machine back, and the block's first call got none, so the 29 calls behind it spent 15 s each and left
-too little of the lease for a trial (reports/gpu-h200/study-1/RUNBOOK.md, "Leases that ran nothing");
+machine back, and the block's first call got none, so the calls behind it, each refused at a cost,
+left too little of the lease for a trial (reports/gpu-h200/study-1/RUNBOOK.md, "Leases that ran nothing");
 a lone call that gets no machine costs only its own start. When it comes back with one, the rest goes
 at once as one message, led by begin.sh again, which does nothing on the machine still held and
 starts the block on a fresh one where that went back while the message was written (a start, as the
@@ -95,7 +95,8 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"B {p.budget_s} s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})")
     if budget_left_s < ONE_TRIAL_S:
-        print(f"--last: under {ONE_TRIAL_S} s, the one trial may be cut; keep the study file unless it ended")
+        print(f"--last: under {ONE_TRIAL_S} s, the one trial may be cut (finish.sh fails it, the next block queues "
+              "it again)")  # fmt: skip
     if finalists:
         print(f"finalists: the carried archive must be the finalists' tag (scripts/gpu/archive.sh {FINALISTS_TAG})")
     heads = ("alone; no machine: no block, plan again later", "at once when it came back with a machine")
