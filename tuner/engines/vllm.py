@@ -18,7 +18,8 @@ only once its own parser has checked our commands, as ``tuner check`` and the co
   * ``suffix``: K is the most it proposes; needs the ``arctic_inference`` package in the engine's
     environment, which neither vLLM build installs (its config refuses suffix without it);
   * ``spec_schedule`` → ``"num_speculative_tokens_per_batch_size": [[first, last, K], ...]``
-    (vLLM 0.26+), for every method but suffix, which sizes its own proposals.
+    (vLLM 0.26+), for every method but suffix, which sizes its own proposals; a band runs at most at
+    the config's K (``build_dynamic_sd_schedule_lookup``), as the performance model's ``k_at`` takes it.
 
   The ``--speculative-model`` flag was removed in 0.8.3 and is never emitted.
 * ``memory_fraction`` f → ``--gpu-memory-utilization f`` on a GPU. On the CPU build the same

@@ -85,6 +85,36 @@ def slo_text(tier: Tier) -> str:
     return f"{bounds}{share}"
 
 
+def contains(loose: Tier, strict: Tier) -> bool:
+    """Whether every request within ``strict``'s bounds is within ``loose``'s, at no higher a target
+    share: then one server carries at least as much under ``loose`` as under ``strict`` (the presets'
+    relaxed tier and their interactive one). Tiers whose bounds were not recorded contain nothing."""
+    return (
+        loose.name != strict.name and bool(loose.slo) and loose.slo.keys() <= strict.slo.keys()
+        and all(bound >= strict.slo[k] for k, bound in loose.slo.items())
+        and loose.target is not None and strict.target is not None and loose.target <= strict.target
+    )  # fmt: skip
+
+
+def tier_disagreements(study: optuna.Study) -> list[str]:
+    """Each trial whose capacity under a tier is below its capacity under a tier that tier contains
+    (``contains``), which one server cannot do: each tier's search serves its own rates once, and near
+    the knee a serving of a rate need not repeat the next one (reports/gpu-h100.md, trial 14). A pruned
+    tier's 0 claims only its bracket, so it is left out."""
+    found = tiers(study)
+    pairs = [(loose, strict) for loose in found for strict in found if contains(loose, strict)]
+    said = []
+    for t in study.get_trials(deepcopy=False):
+        for loose, strict in pairs:
+            low, high = tier_capacity(t, loose.name), tier_capacity(t, strict.name)
+            if low is None or high is None or _tier_attrs(t, loose.name).get("pruned") or low >= high * (1 - 1e-9):
+                continue
+            said.append(f"trial {t.number}: {loose.name} {number(low)} req/s is below {strict.name} {number(high)} "
+                        f"req/s, whose bounds it contains: each tier served its own rates once, and near the knee "
+                        f"one serving need not repeat the next (a finalist's repeats measure both again)")  # fmt: skip
+    return said
+
+
 def bracket_top(trial: Trial, tier: str) -> float | None:
     """The lowest rate above the tier's capacity that did not pass (None: none, or an older study)."""
     bracket = _tier_attrs(trial, tier).get("bracket_req_s")
@@ -179,6 +209,8 @@ def capacity_table_section(study: optuna.Study, price: float | None = None) -> s
                     f"<td>{html.escape(str(status))}</td>{cells}<td>{kind}</td></tr>")  # fmt: skip
     table = (f"<table><tr><th>trial</th><th>engine</th><th>status</th>{head}<th>params</th></tr>"
              f"{''.join(rows)}</table>") if rows else "<p>no trials</p>"  # fmt: skip
+    disagree = "".join(f"<li>{html.escape(line)}</li>" for line in tier_disagreements(study))
+    table += f"<h3>Tiers that disagree</h3><ul>{disagree}</ul>" if disagree else ""
     return f'<section id="capacity-table"><h2>Capacity per tier</h2>{table}</section>'
 
 

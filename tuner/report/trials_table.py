@@ -13,7 +13,15 @@ from typing import Any
 
 import optuna
 
-from tuner.report.capacity import capacity_cell, has_predictions, is_capacity_study, predicted_cell, slo_text, tiers
+from tuner.report.capacity import (
+    capacity_cell,
+    has_predictions,
+    is_capacity_study,
+    predicted_cell,
+    slo_text,
+    tier_disagreements,
+    tiers,
+)
 from tuner.report.describe import engine_of, params_text
 from tuner.study.attrs import SCREENED, is_default, study_attrs_of
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
@@ -149,6 +157,7 @@ def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:
     lines = [format_table(trial_rows(study, price), header(study, price)), legend]
     if is_capacity_study(study):
         lines += [f"SLO {tier.name}: {slo_text(tier)}" for tier in tiers(study)]
+        lines += [f"tiers disagree, {line}" for line in tier_disagreements(study)]
         first = tiers(study)[0].name if tiers(study) else "?"
         priced = f" at ${price:g}/GPU-hour" if price is not None else " (--gpu-price to price them)"
         lines.append(f"tok/s/GPU: output tokens per second per GPU at the {first} tier's capacity{priced}")

@@ -99,3 +99,12 @@ def test_the_h200_draft_models_that_booted_with_a_schedule_are_not_refused(numbe
     assert attrs["config"]["spec_schedule"] == OFF_ABOVE_8 and attrs["engine_version"] == "0.26.0"
     h200 = Device("cuda", "NVIDIA H200", 150_754_820_096)
     assert VllmAdapter().refusal(attrs["config"], h200, "0.26.0") is None
+
+
+def test_the_h100_ngram_trial_that_booted_with_taper_is_not_refused() -> None:
+    """Trial 14 of the H100 study: n-gram lookup keeps model runner V1, so `taper` booted on 0.26."""
+    attrs = recorded_attrs(H100_STUDY)[14]
+    assert attrs["booted"] and attrs["boot_s"] > 0 and attrs["failure"] is None
+    assert attrs["config"]["spec_method"] == "ngram" and attrs["config"]["spec_schedule"] == TAPER
+    assert attrs["engine_version"] == "0.26.0"
+    assert VllmAdapter().refusal(attrs["config"], H100, "0.26.0") is None
