@@ -1,8 +1,9 @@
 """The performance model on a GPU study's own trials: leave one trial out, as the study's next boots see it.
 
 Run: ``.venv/bin/python -m tests.benchmarks.bench_model_study [--card h200|h100]`` (boots nothing;
-minutes on 2 cores). Not part of the default test run. Study 1 of that card (``CARDS``; the default
-the H200's, ``reports/gpu-h200/study-1/rag-h200-study-1.db``), or ``--storage URL --study NAME``.
+minutes on 2 cores; ``--render`` rewrites the section from its stored rows). Not part of the default
+test run. Study 1 of that card (``CARDS``; the default the H200's,
+``reports/gpu-h200/study-1/rag-h200-study-1.db``), or ``--storage URL --study NAME``.
 Writes the card's section of ``reports/search.md`` and ``reports/search_model.json``:
 ``model-study`` for the H200, ``model-study-h100`` for the H100.
 
@@ -19,6 +20,7 @@ many claims lie inside the predicted range.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Any
@@ -31,6 +33,7 @@ from tuner.search.model.history import served_of
 from tuner.search.model.parallel import default_workers
 from tuner.search.model.predict import EngineModel
 from tuner.search.model.ranking import device_of_study, plan_of_study, shapes_of
+from tuner.search.model.simulate import TARGET_FEATURES
 from tuner.study.attrs import trial_attrs
 
 # card -> (its study 1, the study file, the report section)
@@ -98,6 +101,9 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     ranged = [c for c in cells if c["range"][0] is not None and c["measured"]]
     return {
         "trials": len(cells), "predicted": len(pairs),
+        # a pruned tier claims 0 (only its bracket): nothing to hold a prediction against
+        "unclaimed": sum(1 for c in cells if not c["measured"]),
+        "unpredicted": sum(1 for c in cells if c["predicted"] is None),
         "within": sum(1 for e in errors if abs(e) <= WITHIN),
         "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
         "ranged": len(ranged),
@@ -150,14 +156,15 @@ def render(data: dict[str, Any], card: str) -> str:
         lines.append(
             f"- {t}: {s['within']} of {s['predicted']} point predictions within {WITHIN:.0%} of the claim "
             f"(median absolute error {mae}); {s['in_range']} of {s['ranged']} claims inside the predicted range; "
-            f"{s['trials'] - s['predicted']} of {s['trials']} trials the model could not predict at all."
+            f"{s['unclaimed']} of {s['trials']} trials claimed nothing to hold a prediction against (pruned); "
+            f"{s['unpredicted']} of {s['trials']} the model could not predict at all."
         )  # fmt: skip
     for engine, f in data["fits"].items():
         lines.append(
             f"- The fit on every trial, {engine}: relative RMS error of the token times {f['residual']:.0%} over "
             f"{f['requests']} requests of {f['steps']} steps, after {f['rounds']} fixed-point rounds. "
             f"Costs (s; attention per million token pairs): "
-            + ", ".join(f"{k} {v:.3g}" for k, v in f["target"].items())
+            + ", ".join(f"{k} {f['target'][k]:.3g}" for k in TARGET_FEATURES if k in f["target"])
             + f"; per request {f['overhead_s']:.3g}."
         )  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -168,8 +175,14 @@ def main() -> None:
     parser.add_argument("--card", choices=sorted(CARDS), default="h200")
     parser.add_argument("--storage", help="the study file (default: the card's)")
     parser.add_argument("--study", help="the study's name (default: the card's)")
+    parser.add_argument("--render", action="store_true", help="rewrite the section from the stored rows (no fit)")
     args = parser.parse_args()
     study_name, storage, section = CARDS[args.card]
+    if args.render:  # the same run, its summary recomputed from its rows: the stamp stays the run's
+        data = json.loads(JSON_PATH.read_text())[section]
+        data["summary"] = {tier: summarize([r[tier] for r in data["rows"]]) for tier in data["tiers"]}
+        _report.write_section(section, render(data, args.card), data, MD_PATH, JSON_PATH)
+        return
     started = _report.stamp()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.load_study(study_name=args.study or study_name, storage=args.storage or storage)
