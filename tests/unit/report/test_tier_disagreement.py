@@ -59,12 +59,12 @@ def test_equal_capacities_and_a_pruned_looser_tier_are_not_said(capacity_study: 
     assert "Tiers that disagree" not in capacity_table_section(capacity_study)
 
 
-def test_the_h100_study_says_trial_14_alone(tmp_path: Path) -> None:
+def test_the_h100_study_says_trial_14_alone_of_its_first_fifteen(tmp_path: Path) -> None:
     """The study file's own trials: trial 14 (vLLM, n-gram lookup) claimed 5.76 req/s under the
     interactive tier and 5.19 under the relaxed one; trial 6 ties (6.34 each) and trials 12 and 13
-    were pruned under both, so none of them is said."""
+    were pruned under both, so none of them is said. Later blocks add trials; these stay as recorded."""
     copy = tmp_path / "study.db"
     shutil.copy(H100_STUDY, copy)  # a copy: no test writes a committed study file
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
-    said = tier_disagreements(study)
+    said = [line for line in tier_disagreements(study) if int(line.split(":")[0].removeprefix("trial ")) <= 14]
     assert len(said) == 1 and said[0].startswith("trial 14: relaxed 5.19 req/s is below interactive 5.76 req/s")
