@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
@@ -89,9 +90,13 @@ def leave_one_out(study: optuna.Study) -> dict[str, Any]:
         rows.append(row)
         print(f"trial {number}: " + ", ".join(f"{t} {_fig(row[t]['predicted'])} vs {_fig(row[t]['measured'])}"
                                               for t in plan.scored), flush=True)  # fmt: skip
-    summary = {tier: summarize([r[tier] for r in rows]) for tier in plan.scored}
     return {"study": study.study_name, "device": device.name, "tiers": list(plan.scored), "rows": rows,
-            "summary": summary, "fits": fits}  # fmt: skip
+            "summary": summaries(rows, plan.scored), "fits": fits}  # fmt: skip
+
+
+def summaries(rows: list[dict[str, Any]], tiers: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each tier's ``summarize`` of the rows: at the run, and again where ``--render`` rewrites it."""
+    return {tier: summarize([r[tier] for r in rows]) for tier in tiers}
 
 
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -180,7 +185,7 @@ def main() -> None:
     study_name, storage, section = CARDS[args.card]
     if args.render:  # the same run, its summary recomputed from its rows: the stamp stays the run's
         data = json.loads(JSON_PATH.read_text())[section]
-        data["summary"] = {tier: summarize([r[tier] for r in data["rows"]]) for tier in data["tiers"]}
+        data["summary"] = summaries(data["rows"], data["tiers"])
         _report.write_section(section, render(data, args.card), data, MD_PATH, JSON_PATH)
         return
     started = _report.stamp()
