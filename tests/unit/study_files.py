@@ -9,6 +9,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+# The committed study files the tests read, each named once.
+H200_FIRST = REPORTS / "gpu-h200" / "rag-h200.db"
+H200_CAPACITY_BLOCK4 = REPORTS / "gpu-h200" / "capacity" / "block4" / "rag-h200-capacity-4.db"
+H100_STUDY = REPORTS / "gpu-h100" / "study-1" / "rag-h100-study-1.db"
+
 
 def recorded_attrs(db: Path) -> dict[int, dict[str, Any]]:
     """Trial number -> that trial's user attributes, for every trial that has any."""

@@ -211,7 +211,10 @@ def _strategy_flags(s: argparse.ArgumentParser) -> None:
         help="how configs are proposed (default: model for the capacity objectives, tpe for the others)",
     )  # fmt: skip
     s.add_argument(
-        "--no-screen", dest="screen", action="store_false", help="boot every config, even one the memory screen rejects"
+        "--no-screen",
+        dest="screen",
+        action="store_false",
+        help="boot every config: no memory screen, learned rejection or idle-draft screen",
     )
     s.add_argument("--no-prune", dest="prune", action="store_false", help="let every trial's workload run to its end")
     s.add_argument(

@@ -51,6 +51,8 @@ def _repeats(finalist: dict[str, Any] | None, metric: str) -> str:
 
 
 def _status(attrs: dict[str, Any]) -> str:
+    if attrs.get("idle_draft_like") is not None:  # told pruned without a boot (tuner.search.acceptance)
+        return f"idle draft, as trial {attrs['idle_draft_like']}"
     pruned = attrs.get("pruned")
     if isinstance(pruned, dict) and isinstance(pruned.get("steps"), int):
         return f"pruned after {pruned['steps']} steps"  # a capacity search that fell short of the incumbent
@@ -137,6 +139,7 @@ def search_effort(study: optuna.Study) -> str:
     booted = sum(1 for a in attrs if a.get("booted", a.get("boot_s") is not None))
     screened = sum(1 for a in attrs if a.get("failure") == SCREENED)
     twins = sum(1 for a in attrs if a.get("duplicate_of") is not None)
+    idle = sum(1 for a in attrs if a.get("idle_draft_like") is not None)
     pruned = [a["pruned"] for a in attrs if a.get("pruned")]
     # the load pruner knows what it spared; a capacity search cut at its rescue probe (PRUNE_SHARE x
     # the incumbent) does not
@@ -146,7 +149,9 @@ def search_effort(study: optuna.Study) -> str:
         how.append(f"{cut_capacity} failing the SLO below the incumbent's capacity")
     return (f"{len(attrs)} trials: {booted} booted an engine, {screened} screened by the memory screen (never "
             f"booted), {twins} told from an earlier trial of the same config (never booted), {len(pruned)} "
-            f"pruned" + (f": {', '.join(how)}" if how else ""))  # fmt: skip
+            f"pruned" + (f": {', '.join(how)}" if how else "")
+            + (f"; {idle} whose draft an earlier trial measured accepting next to nothing (never booted)"
+               if idle else ""))  # fmt: skip
 
 
 def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:

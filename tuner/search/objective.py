@@ -38,6 +38,7 @@ from tuner.errors import ConfigError
 from tuner.measure.process import head
 from tuner.measure.statistics import trial_intervals
 from tuner.measure.trial import TrialContext, TrialResult, WatchFactory, run_trial
+from tuner.search.acceptance import idle_draft_like
 from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations, parse_facts
 from tuner.search.pruning import FrontWatch, checkpoints
@@ -71,6 +72,7 @@ class Prepared:
     told: bool = False  # recorded without a boot (screened, or a config already measured): tell it as is
     values: list[float] = field(default_factory=list)  # what to tell, when ``told``
     state: optuna.trial.TrialState = optuna.trial.TrialState.COMPLETE
+    why: str = ""  # why a trial told PRUNED was not booted
 
 
 @dataclass
@@ -103,7 +105,7 @@ class SearchObjective:
     def __call__(self, trial: optuna.Trial) -> list[float]:
         prepared = self.prepare(trial)
         if prepared.told and prepared.state == optuna.trial.TrialState.PRUNED:
-            raise optuna.TrialPruned("the same config was pruned before")
+            raise optuna.TrialPruned(prepared.why)
         return prepared.values if prepared.told else self.execute(trial, prepared)
 
     def prepare(self, trial: optuna.Trial) -> Prepared:
@@ -136,6 +138,10 @@ class SearchObjective:
         if like is not None:
             why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)
+        ran = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        idle = idle_draft_like(config, self.study.get_trials(deepcopy=False, states=ran)) if self.screen else None
+        if idle is not None:
+            return self._idle_draft(trial, config, *idle, estimate_attrs)
         if not (self.screen and not default and est is not None and not est.fits):
             return Prepared(config, estimate_attrs, default)
         why = (f"KV cache for {est.predicted_tokens} tokens predicted, {est.required_tokens} needed "
@@ -182,7 +188,8 @@ class SearchObjective:
         self.ctx.progress.phase(trial.number, "known", f"same config as trial {twin.number}: not booted again")
         self._explore_next(trial.number)
         if twin.state == optuna.trial.TrialState.PRUNED:
-            return Prepared(config, est, False, told=True, state=optuna.trial.TrialState.PRUNED)
+            why = "the same config was pruned before"
+            return Prepared(config, est, False, told=True, state=optuna.trial.TrialState.PRUNED, why=why)
         trial.set_constraint(CONSTRAINT, float(twin.constraints.get(CONSTRAINT, 1.0)))
         return Prepared(config, est, False, told=True, values=list(twin.values or []))
 
@@ -252,6 +259,22 @@ class SearchObjective:
         if refused is not None:
             write_trial_attrs(trial, TrialAttrs(refused=refused))
         return Prepared(config, est, False, told=True, values=values)
+
+    def _idle_draft(
+        self, trial: optuna.Trial, config: Config, like: optuna.trial.FrozenTrial, gain: float,
+        est: dict[str, Any] | None,
+    ) -> Prepared:  # fmt: skip
+        """Tell, as pruned and without a boot, a config whose draft an earlier trial measured accepting
+        next to nothing (``tuner.search.acceptance``): the sampler learns it as a trial that fell short."""
+        adapter, env = self.ctx.engines[config.engine]
+        launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
+        why = (f"its draft gained {gain:.4f} tokens per verify step in trial {like.number}, too little to "
+               f"repay drafting at K={config.params.get('num_speculative_tokens')}")  # fmt: skip
+        self.ctx.progress.phase(trial.number, "known", f"{config.engine} {_describe(config)}: {why}; not booted")
+        attrs = TrialAttrs(booted=False, idle_draft_like=like.number, engine=config.engine, config=dict(config.params))
+        attrs.update(TrialAttrs(launch=launch.stored(), engine_version=env.version, memory_estimate=est))
+        write_trial_attrs(trial, attrs)
+        return Prepared(config, est, False, told=True, state=optuna.trial.TrialState.PRUNED, why=why)
 
 
 def _describe(config: Config) -> str:

@@ -38,6 +38,7 @@ class TrialAttrs(TypedDict, total=False):
     worker: dict[str, Any]
     duplicate_of: int
     rejected_like: int
+    idle_draft_like: int  # an earlier trial measured this config's draft accepting next to nothing: not booted
     refused: str  # why the engine refuses the config (EngineAdapter.refusal): not booted
     stress_of: int
     stress: dict[str, Any]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.study_files import recorded_attrs
+from tests.unit.study_files import H200_FIRST, recorded_attrs
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.prometheus import metric_total, parse_prometheus
 from tuner.engines.sglang import SglangAdapter
@@ -22,7 +22,6 @@ from tuner.measure.process import ServerProcess
 ROOT = Path(__file__).resolve().parents[3]
 VLLM = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"
 SGLANG = ROOT / "tests" / "data" / "captures" / "sglang-0.5.17-h200-2026-12-01"
-STUDY = ROOT / "reports" / "gpu-h200" / "rag-h200.db"
 READY = "The server is fired up and ready to roll!"
 
 
@@ -35,7 +34,7 @@ def scrapes(folder: Path, number: int, engine: str) -> tuple[dict[str, float], d
 
 
 def recorded_server(number: int) -> dict[str, float | None]:
-    result: dict[str, float | None] = recorded_attrs(STUDY)[number]["server"]
+    result: dict[str, float | None] = recorded_attrs(H200_FIRST)[number]["server"]
     return result
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.study_files import recorded_attrs
+from tests.unit.study_files import H100_STUDY, H200_CAPACITY_BLOCK4, recorded_attrs
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.failures import classify_boot
@@ -21,8 +21,6 @@ from tuner.measure.process import tail
 
 ROOT = Path(__file__).resolve().parents[3]
 CAPTURES = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h100-2026-12-06"
-H100_STUDY = ROOT / "reports" / "gpu-h100" / "study-1" / "rag-h100-study-1.db"
-H200_BLOCK4 = ROOT / "reports" / "gpu-h200" / "capacity" / "block4" / "rag-h200-capacity-4.db"
 DIED = {9: "trial-0009-vllm-eagle-k2-off-above-8-died.log", 10: "trial-0010-vllm-eagle3-k3-taper-died.log"}
 OFF_ABOVE_8 = [[1, 8, 4], [9, 4096, 0]]
 TAPER = [[1, 4, 4], [5, 16, 2], [17, 4096, 0]]
@@ -94,7 +92,7 @@ def test_the_h100_trials_that_died_are_refused_now_and_their_logs_are_invalid_co
 
 @pytest.mark.parametrize("number", [3, 4, 9])
 def test_the_h200_draft_models_that_booted_with_a_schedule_are_not_refused(number: int) -> None:
-    attrs = recorded_attrs(H200_BLOCK4)[number]
+    attrs = recorded_attrs(H200_CAPACITY_BLOCK4)[number]
     assert attrs["booted"] and attrs["boot_s"] > 0 and attrs["failure"] is None
     assert attrs["config"]["spec_schedule"] == OFF_ABOVE_8 and attrs["engine_version"] == "0.26.0"
     h200 = Device("cuda", "NVIDIA H200", 150_754_820_096)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.study_files import recorded_attrs
+from tests.unit.study_files import H200_FIRST, recorded_attrs
 from tuner.engines import ADAPTERS
 from tuner.engines.base import EngineAdapter
 from tuner.measure.failures import OOM_CLASSES, classify_boot, classify_serve, match_signature
@@ -20,7 +20,6 @@ from tuner.measure.process import tail
 ROOT = Path(__file__).resolve().parents[3]
 VLLM = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"
 SGLANG = ROOT / "tests" / "data" / "captures" / "sglang-0.5.17-h200-2026-12-01"
-STUDY = ROOT / "reports" / "gpu-h200" / "rag-h200.db"
 
 OOM_LOG = VLLM / "trial-0002-vllm-oom-60GiB-held-util-0.95.log"
 REJECTED_LOG = VLLM / "trial-0006-vllm-chunk512-draft-k4-rejected.log"
@@ -38,7 +37,7 @@ def _adapter(path: Path) -> EngineAdapter:
 
 def _failures() -> dict[int, str | None]:
     """Each trial's stored ``failure`` user attribute."""
-    return {n: a["failure"] for n, a in sorted(recorded_attrs(STUDY).items()) if "failure" in a}
+    return {n: a["failure"] for n, a in sorted(recorded_attrs(H200_FIRST).items()) if "failure" in a}
 
 
 def test_oom_log_holds_vllms_startup_memory_check() -> None:

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.study_files import recorded_attrs
+from tests.unit.study_files import H200_FIRST, recorded_attrs
 from tuner.measure import telemetry
 
 ROOT = Path(__file__).resolve().parents[3]
 CAPTURES = ROOT / "tests" / "data" / "captures" / "vllm-0.26.0-h200-2026-12-01"
-STUDY = ROOT / "reports" / "gpu-h200" / "rag-h200.db"
 GIB = 2**30
 
 
@@ -73,7 +72,7 @@ def fake_pynvml(head: dict[str, object], rows: list[dict[str, object]]) -> types
 
 
 def _recorded(number: int, key: str) -> object:
-    return recorded_attrs(STUDY)[number][key]
+    return recorded_attrs(H200_FIRST)[number][key]
 
 
 def test_captures_are_an_h200_with_its_real_total() -> None:

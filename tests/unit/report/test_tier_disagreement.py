@@ -10,11 +10,10 @@ import optuna
 import pytest
 
 from tests.unit.report.conftest import VLLM, add, capacity_attrs, launch
+from tests.unit.study_files import H100_STUDY
 from tuner.report.capacity import Tier, capacity_table_section, contains, tier_disagreements
 from tuner.report.trials_table import trials_table
 
-ROOT = Path(__file__).resolve().parents[3]
-H100_STUDY = ROOT / "reports" / "gpu-h100" / "study-1" / "rag-h100-study-1.db"
 STRICT = Tier("interactive", {"ttft_p95_ms": 300.0, "tpot_p95_ms": 100.0}, 0.9)
 
 

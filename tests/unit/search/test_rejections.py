@@ -9,9 +9,9 @@ import dataclasses
 import optuna
 import pytest
 
-from tests.unit.measure.test_gpu_telemetry import ROOT, STUDY
 from tests.unit.search.test_objective import ScriptedEngine, _study
 from tests.unit.search.test_objective import ctx as ctx  # noqa: F401  (a fixture)
+from tests.unit.study_files import H200_CAPACITY_BLOCK4, H200_FIRST
 from tuner.engines.base import Config, Device, ModelSpec
 from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
@@ -24,7 +24,6 @@ from tuner.search.space import Space
 
 REJECTED = {"chunk_size": 512, "num_speculative_tokens": 2, "draft_model": "draft-2l", "memory_fraction": 0.9}
 VLLM = VllmAdapter()
-BLOCK4 = ROOT / "reports" / "gpu-h200" / "capacity" / "block4" / "rag-h200-capacity-4.db"
 
 
 @pytest.mark.parametrize(
@@ -58,7 +57,7 @@ def test_where_the_engine_does_not_say_its_slots_only_the_same_draft_with_more_t
 
 
 def _gpu_trial(number: int) -> optuna.trial.FrozenTrial:
-    return optuna.load_study(study_name="rag-h200", storage=f"sqlite:///{STUDY}").trials[number]
+    return optuna.load_study(study_name="rag-h200", storage=f"sqlite:///{H200_FIRST}").trials[number]
 
 
 def test_the_h200_rejection_is_generalised_and_nothing_else() -> None:
@@ -96,7 +95,7 @@ def test_block4s_rejections_would_have_been_told_from_the_first() -> None:
     """H200 block 4: vLLM 0.26 rejected trial 1 (chunk 1024, draft-2l, K = 2), then booted trials 5-7
     (chunk 512 or 1024, K = 1 or 3, either draft) only to be refused alike; the spec configs at chunk
     2048 served."""
-    trials = optuna.load_study(study_name="rag-h200-capacity-4", storage=f"sqlite:///{BLOCK4}").trials
+    trials = optuna.load_study(study_name="rag-h200-capacity-4", storage=f"sqlite:///{H200_CAPACITY_BLOCK4}").trials
     first = trials[1]
     assert first.user_attrs["failure"] == "invalid_config"
     for t in trials[2:]:
