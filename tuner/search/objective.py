@@ -10,8 +10,9 @@ Per trial, in order:
    recorded as ``invalid_config`` without a boot; one whose draft an earlier trial on the engine
    measured accepting next to nothing (``tuner.search.acceptance``) is told pruned without a boot;
    then the memory screen (``tuner.search.memory``) estimates its KV cache from the model's shape,
-   calibrated on every earlier trial of the study; a config it finds cannot fit is recorded as ``screened`` (infeasible, with the estimate) and its
-   engine never boots. The engine default is never screened;
+   calibrated on every earlier trial of the study; a config it finds cannot fit is recorded as
+   ``screened`` (infeasible, with the estimate) and its engine never boots. The engine default is
+   never screened;
 3. otherwise the trial runs (``runner``: ``tuner.measure.trial.run_trial``, or a table in the benchmark),
    with a pruner watching its workload (``tuner.search.pruning``) against the feasible trials so far;
 4. the result is stored on the trial (``record``); a pruned trial ends PRUNED.
