@@ -33,6 +33,8 @@ from tuner.engines.speculation import draft_of, method_of
 # A draft that adds under one accepted token per hundred verify steps cannot repay the passes it costs:
 # each step runs the draft K times and verifies K tokens for a gain the target alone nearly matches.
 IDLE_GAIN_PER_STEP = 0.01
+# the trials that may have measured a draft: served whole, or pruned after serving some steps
+MEASURED_STATES = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
 def idle_draft_like(

@@ -40,7 +40,7 @@ from tuner.errors import ConfigError
 from tuner.measure.process import head
 from tuner.measure.statistics import trial_intervals
 from tuner.measure.trial import TrialContext, TrialResult, WatchFactory, run_trial
-from tuner.search.acceptance import idle_draft_like
+from tuner.search.acceptance import MEASURED_STATES, idle_draft_like
 from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations, parse_facts
 from tuner.search.pruning import FrontWatch, checkpoints
@@ -140,8 +140,8 @@ class SearchObjective:
         if like is not None:
             why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)
-        ran = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        idle = idle_draft_like(config, self.study.get_trials(deepcopy=False, states=ran)) if self.screen else None
+        ran = self.study.get_trials(deepcopy=False, states=MEASURED_STATES)
+        idle = idle_draft_like(config, ran) if self.screen else None
         if idle is not None:
             return self._idle_draft(trial, config, *idle, estimate_attrs)
         if not (self.screen and not default and est is not None and not est.fits):

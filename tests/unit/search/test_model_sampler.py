@@ -212,3 +212,30 @@ def test_a_continuous_space_is_drawn_a_few_candidates_the_first_of_a_larger_draw
         drawn[n] = [point for point, *_ in sampler._candidates(study, 1)]  # noqa: SLF001
     assert 0 < len(drawn[8]) <= 8 < len(drawn[32]) <= 32
     assert drawn[8] == drawn[32][: len(drawn[8])]
+
+
+def test_a_draft_measured_idle_is_not_a_candidate_on_its_engine() -> None:
+    """A trial whose draft-1l accepted nothing: no candidate with draft-1l is predicted (the objective
+    would tell it without a boot, ``tuner.search.acceptance``); draft-2l's and the target alone's are."""
+    model = model_of()
+    study_offers_ = offers(DRAFT_SPACE, ["vllm"], model)
+    sampler = ModelSampler(seed=0)
+    sampler.bind(
+        ModelContext(
+            DRAFT_SPACE, {"vllm": VllmAdapter()}, study_offers_, model, CPU, INTERACTIVE, StudyRequests(SHAPES)
+        )
+    )
+    study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
+    dists = distributions(DRAFT_SPACE, study_offers_)
+    tried = {"engine": "vllm", "vllm.chunk_size": 2048, "vllm.spec_method": "draft_model",
+             "vllm.num_speculative_tokens": 2, "vllm.draft_model.draft": "draft-1l"}  # fmt: skip
+    config = {"chunk_size": 2048, "spec_method": "draft_model", "num_speculative_tokens": 2, "draft_model": "draft-1l"}
+    idle = {"method": "draft_model", "draft": "draft-1l", "num_speculative_tokens": 2, "mean_accept_len": 1.0,
+            "steps": [{"rate_req_s": 1.0, "acceptance_rate": 0.0, "mean_accept_len": 1.0}]}  # fmt: skip
+    study.add_trial(optuna.trial.create_trial(
+        params=tried, distributions={k: dists[k] for k in tried}, values=[1.0],
+        user_attrs={"engine": "vllm", "config": config, "speculation": idle}))  # fmt: skip
+    proposed = [point for point, *_ in sampler._candidates(study, 1)]  # noqa: SLF001
+    drafts = {p.get("vllm.draft_model.draft") for p in proposed if p.get("vllm.spec_method") == "draft_model"}
+    assert drafts == {"draft-2l"}
+    assert any(p["vllm.spec_method"] == "off" for p in proposed)

@@ -6,8 +6,9 @@ proposes:
 1. refit the model on the study's served trials (``EngineModel.fit``; warm-started from the last fit);
 2. take the candidates: every config of a discrete space (up to ``GRID_WHOLE``), or ``DRAWN`` drawn
    from a larger or continuous one, less those the study already tried, those the memory screen
-   says cannot fit (``tuner.search.memory``, calibrated on the study's boots) and those the learned
-   rejections refuse (``tuner.search.rejections``);
+   says cannot fit (``tuner.search.memory``, calibrated on the study's boots), those the learned
+   rejections refuse (``tuner.search.rejections``) and those whose draft was measured accepting next
+   to nothing (``tuner.search.acceptance``): the objective would tell each without a boot;
 3. predict each one's capacity under every scored tier, over the machine's cores
    (``tuner.search.model.parallel``), and boot the one with the highest expected
    improvement over the best capacity measured so far (``expected_improvement``: the model's own
@@ -41,6 +42,7 @@ from tuner.errors import ConfigError, WorkloadError
 from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.trial import TrialContext
 from tuner.progress import Progress, Quiet
+from tuner.search.acceptance import MEASURED_STATES, idle_draft_like
 from tuner.search.grid import grid_points
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
@@ -224,7 +226,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
     def _candidates(self, study: optuna.Study, number: int) -> list[tuple[dict[str, Any], Config, int | None]]:
         """Configs worth predicting: not tried yet, not screened out, not refused by the engine (its own
-        validation, or like an earlier config); each with the KV pool the memory screen gives it
+        validation, or like an earlier config), no draft measured idle; each with the KV pool the memory screen gives it
         (``_kv_tokens``, from the estimate that screened it)."""
         c = self._context
         assert c is not None
@@ -238,6 +240,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
             points = [_draw(dists, rng) for _ in range(self._drawn)]  # fewer draws: the first ones of more
         tried = [t.params for t in study.get_trials(deepcopy=False) if t.params]
         finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        ran = study.get_trials(deepcopy=False, states=MEASURED_STATES)
         history = observations([t.user_attrs for t in finished])
         out: list[tuple[dict[str, Any], Config, int | None]] = []
         for point in points:
@@ -248,6 +251,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
             est = estimate(config, c.model, c.device, history, adapter.default_memory_fraction,
                            adapter.kv_tokens_required(c.model))  # fmt: skip
             if (est is not None and not est.fits) or rejected_like(config, finished, adapter) is not None:
+                continue
+            if idle_draft_like(config, ran) is not None:
                 continue
             version = c.versions.get(config.engine)
             if (
