@@ -27,7 +27,7 @@ from tuner.search.plan import plan
 from tuner.search.resolve import capacity_attrs as capacity_plan_attrs
 from tuner.search.scoring import directions
 from tuner.search.space import Space, distributions, suggest
-from tuner.search.speculation import engines_at, study_offers
+from tuner.search.speculation import Offer, engines_at, study_offers
 from tuner.study.attrs import enqueue_defaults
 from tuner.workloads.base import Workload
 
@@ -123,10 +123,8 @@ DRAFT_SPACE = Space.model_validate({
 })  # fmt: skip
 
 
-def test_a_proposal_names_its_draft_a_tried_one_is_not_proposed_again_and_the_target_alone_goes_first() -> None:
-    """The params a proposal carries are all ``suggest`` asks for, the draft included: without it Optuna
-    drew the draft at random and the tried-config check never matched a draft config, so the same
-    config was booted again and again (seen in the search benchmark's replays)."""
+def _draft_study() -> tuple[ModelSampler, optuna.Study, dict[str, Offer]]:
+    """A capacity study over ``DRAFT_SPACE`` whose sampler is the model's, bound to the generated target."""
     model = model_of()
     study_offers_ = offers(DRAFT_SPACE, ["vllm"], model)
     sampler = ModelSampler(seed=0)
@@ -135,7 +133,14 @@ def test_a_proposal_names_its_draft_a_tried_one_is_not_proposed_again_and_the_ta
             DRAFT_SPACE, {"vllm": VllmAdapter()}, study_offers_, model, CPU, INTERACTIVE, StudyRequests(SHAPES)
         )
     )
-    study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
+    return sampler, optuna.create_study(directions=directions("capacity"), sampler=sampler), study_offers_
+
+
+def test_a_proposal_names_its_draft_a_tried_one_is_not_proposed_again_and_the_target_alone_goes_first() -> None:
+    """The params a proposal carries are all ``suggest`` asks for, the draft included: without it Optuna
+    drew the draft at random and the tried-config check never matched a draft config, so the same
+    config was booted again and again (seen in the search benchmark's replays)."""
+    sampler, study, study_offers_ = _draft_study()
     dists = distributions(DRAFT_SPACE, study_offers_)
     tried = {"engine": "vllm", "vllm.chunk_size": 2048, "vllm.spec_method": "draft_model",
              "vllm.num_speculative_tokens": 2, "vllm.draft_model.draft": "draft-2l"}  # fmt: skip
@@ -217,15 +222,7 @@ def test_a_continuous_space_is_drawn_a_few_candidates_the_first_of_a_larger_draw
 def test_a_draft_measured_idle_is_not_a_candidate_on_its_engine() -> None:
     """A trial whose draft-1l accepted nothing: no candidate with draft-1l is predicted (the objective
     would tell it without a boot, ``tuner.search.acceptance``); draft-2l's and the target alone's are."""
-    model = model_of()
-    study_offers_ = offers(DRAFT_SPACE, ["vllm"], model)
-    sampler = ModelSampler(seed=0)
-    sampler.bind(
-        ModelContext(
-            DRAFT_SPACE, {"vllm": VllmAdapter()}, study_offers_, model, CPU, INTERACTIVE, StudyRequests(SHAPES)
-        )
-    )
-    study = optuna.create_study(directions=directions("capacity"), sampler=sampler)
+    sampler, study, study_offers_ = _draft_study()
     dists = distributions(DRAFT_SPACE, study_offers_)
     tried = {"engine": "vllm", "vllm.chunk_size": 2048, "vllm.spec_method": "draft_model",
              "vllm.num_speculative_tokens": 2, "vllm.draft_model.draft": "draft-1l"}  # fmt: skip
