@@ -14,10 +14,10 @@ A config is screened when K' times the measured gain is under ``IDLE_GAIN_PER_ST
 counts: an engine's tree proposing several first tokens (top-k above 1) may accept where a chain did
 not, so the tree's width must match. The evidence is the highest gain the trial measured, over its
 whole run or at any step of its capacity search; a trial that measured none (one that died at boot)
-is no evidence. The engine decides how its drafting runs (an engine may
-load or verify a head differently), so one engine's measurement never screens another's.
-N-gram lookup and suffix decoding have no draft and are never screened: what they accept depends on
-their own parameters. ``--no-screen`` turns this off with the other screens.
+is no evidence. The engine decides how its drafting runs (an engine may load or verify a head
+differently), so one engine's measurement never screens another's. N-gram lookup, suffix decoding
+and MTP name no draft and are never screened: what the first two accept depends on their own
+parameters, and MTP's layers are the target's. ``--no-screen`` turns this off with the other screens.
 """
 
 from __future__ import annotations
