@@ -118,7 +118,8 @@ class SearchObjective:
             write_trial_attrs(trial, TrialAttrs(config_kind=SAMPLED_KIND))
         ctx = self.ctx
         config = suggest(trial, self.space, self.engine_offers, default)
-        finished = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        ran = self.study.get_trials(deepcopy=False, states=MEASURED_STATES)  # one read of the storage
+        finished = [t for t in ran if t.state == optuna.trial.TrialState.COMPLETE]
         adapter, env = ctx.engines[config.engine]
         est = estimate(
             config, ctx.model, ctx.device, observations([t.user_attrs for t in finished]),
@@ -140,7 +141,6 @@ class SearchObjective:
         if like is not None:
             why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)
-        ran = self.study.get_trials(deepcopy=False, states=MEASURED_STATES)
         idle = idle_draft_like(config, ran) if self.screen else None
         if idle is not None:
             return self._idle_draft(trial, config, *idle, estimate_attrs)
@@ -249,11 +249,8 @@ class SearchObjective:
     ) -> Prepared:  # fmt: skip
         """Record, with ``failure`` and no boot, a config screened out, refused by the engine's own
         validation (``refused``: why, ``EngineAdapter.refusal``) or rejected like an earlier one."""
-        adapter, env = self.ctx.engines[config.engine]
-        launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
-        self.ctx.progress.phase(trial.number, phase, f"{config.engine} {_describe(config)}: {why}; not booted")
-        result = TrialResult(config=config, launch=launch, engine_version=env.version, failure=failure)
-        result.memory_estimate = est
+        result = self._unbooted(trial, config, phase, why)
+        result.failure, result.memory_estimate = failure, est
         values = record(trial, result, self.objective, self.ctx.slo)
         write_trial_attrs(trial, TrialAttrs(booted=False))
         if rejected_like is not None:
@@ -268,15 +265,22 @@ class SearchObjective:
     ) -> Prepared:  # fmt: skip
         """Tell, as pruned and without a boot, a config whose draft an earlier trial measured accepting
         next to nothing (``tuner.search.acceptance``): the sampler learns it as a trial that fell short."""
-        adapter, env = self.ctx.engines[config.engine]
-        launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
         why = (f"its draft gained {gain:.4f} tokens per verify step in trial {like.number}, too little to "
                f"repay drafting at K={config.params.get('num_speculative_tokens')}")  # fmt: skip
-        self.ctx.progress.phase(trial.number, "known", f"{config.engine} {_describe(config)}: {why}; not booted")
+        result = self._unbooted(trial, config, "known", why)
         attrs = TrialAttrs(booted=False, idle_draft_like=like.number, engine=config.engine, config=dict(config.params))
-        attrs.update(TrialAttrs(launch=launch.stored(), engine_version=env.version, memory_estimate=est))
+        attrs.update(
+            TrialAttrs(launch=result.launch.stored(), engine_version=result.engine_version, memory_estimate=est)
+        )
         write_trial_attrs(trial, attrs)
         return Prepared(config, est, False, told=True, state=optuna.trial.TrialState.PRUNED, why=why)
+
+    def _unbooted(self, trial: optuna.Trial, config: Config, phase: str, why: str) -> TrialResult:
+        """Say why ``config`` is not booted; its result so far: the launch it would have had, no outcome."""
+        adapter, env = self.ctx.engines[config.engine]
+        launch = adapter.launch(config, self.ctx.model, self.ctx.device, 0, env.python, env.version)
+        self.ctx.progress.phase(trial.number, phase, f"{config.engine} {_describe(config)}: {why}; not booted")
+        return TrialResult(config=config, launch=launch, engine_version=env.version)
 
 
 def _describe(config: Config) -> str:

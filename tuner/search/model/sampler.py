@@ -239,8 +239,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
             dists = distributions(c.space, c.offers)
             points = [_draw(dists, rng) for _ in range(self._drawn)]  # fewer draws: the first ones of more
         tried = [t.params for t in study.get_trials(deepcopy=False) if t.params]
-        finished = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         ran = study.get_trials(deepcopy=False, states=MEASURED_STATES)
+        finished = [t for t in ran if t.state == optuna.trial.TrialState.COMPLETE]
         history = observations([t.user_attrs for t in finished])
         out: list[tuple[dict[str, Any], Config, int | None]] = []
         for point in points:
