@@ -46,6 +46,17 @@ def test_trial_10_would_have_been_told_from_trial_3_and_trial_13_would_not() -> 
     assert idle_draft_like(Config("vllm", dict(trials[7].user_attrs["config"])), ran) is None  # draft-2l served
 
 
+def test_trial_18_which_the_tag_booted_would_have_been_told_from_trial_3() -> None:
+    """Block 10 booted vLLM with the EAGLE-3 head at K=1 (trial 18) and measured it accepting nothing again,
+    as trial 3 had at K=3 (reports/gpu-h100/study-1/block10/NOTES.md); main would not have booted it."""
+    trials = _h100()
+    gain = measured_gain(trials[18].user_attrs.get("speculation"))
+    assert gain is not None and gain < IDLE_GAIN_PER_STEP  # it did accept next to nothing
+    ran = [trials[n] for n in range(18)]
+    told = idle_draft_like(Config("vllm", dict(trials[18].user_attrs["config"])), ran)
+    assert told is not None and told[0].number == 3
+
+
 def test_the_same_engine_and_head_in_a_chain_is_told_and_a_wider_tree_is_not() -> None:
     trials = _h100()
     head = dict(trials[13].user_attrs["config"])  # SGLang EAGLE-3 head, tree [1, 2]: a chain
