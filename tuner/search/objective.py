@@ -40,11 +40,12 @@ from tuner.errors import ConfigError
 from tuner.measure.process import head
 from tuner.measure.statistics import trial_intervals
 from tuner.measure.trial import TrialContext, TrialResult, WatchFactory, run_trial
-from tuner.search.acceptance import MEASURED_STATES, idle_draft_like
+from tuner.search.acceptance import MEASURED_STATES
 from tuner.search.grid import grid_points
+from tuner.search.learned import Learned, learned_screen
 from tuner.search.memory import estimate, observations, parse_facts
 from tuner.search.pruning import FrontWatch, checkpoints
-from tuner.search.rejections import REJECTED, rejected_like
+from tuner.search.rejections import REJECTED
 from tuner.search.scoring import values, violation
 from tuner.search.space import Space, suggest
 from tuner.search.speculation import Offer, engines_at, study_offers
@@ -137,13 +138,13 @@ class SearchObjective:
         if refused is not None:
             why = f"the engine refuses it: {refused}"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, refused=refused)
-        like = rejected_like(config, finished, adapter) if self.screen else None
-        if like is not None:
-            why = f"no easier than trial {like.number}, which the engine rejected for its draft slots"
-            return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, rejected_like=like.number)
-        idle = idle_draft_like(config, ran) if self.screen else None
-        if idle is not None:
-            return self._idle_draft(trial, config, *idle, estimate_attrs)
+        learned = learned_screen(config, ran, adapter) if self.screen and not default else None
+        if learned is not None and learned.idle_gain is None:
+            return self._not_booted(
+                trial, config, REJECTED, "known", learned.why, estimate_attrs, rejected_like=learned.like.number
+            )
+        if learned is not None:
+            return self._idle_draft(trial, config, learned, estimate_attrs)
         if not (self.screen and not default and est is not None and not est.fits):
             return Prepared(config, estimate_attrs, default)
         why = (f"KV cache for {est.predicted_tokens} tokens predicted, {est.required_tokens} needed "
@@ -260,15 +261,15 @@ class SearchObjective:
         return Prepared(config, est, False, told=True, values=values)
 
     def _idle_draft(
-        self, trial: optuna.Trial, config: Config, like: optuna.trial.FrozenTrial, gain: float,
-        est: dict[str, Any] | None,
-    ) -> Prepared:  # fmt: skip
+        self, trial: optuna.Trial, config: Config, learned: Learned, est: dict[str, Any] | None
+    ) -> Prepared:
         """Tell, as pruned and without a boot, a config whose draft an earlier trial measured accepting
         next to nothing (``tuner.search.acceptance``): the sampler learns it as a trial that fell short."""
-        why = (f"its draft gained {gain:.4f} tokens per verify step in trial {like.number}, too little to "
-               f"repay drafting at K={config.params.get('num_speculative_tokens')}")  # fmt: skip
+        why = learned.why
         result = self._unbooted(trial, config, "known", why)
-        attrs = TrialAttrs(booted=False, idle_draft_like=like.number, engine=config.engine, config=dict(config.params))
+        attrs = TrialAttrs(
+            booted=False, idle_draft_like=learned.like.number, engine=config.engine, config=dict(config.params)
+        )
         attrs.update(
             TrialAttrs(launch=result.launch.stored(), engine_version=result.engine_version, memory_estimate=est)
         )

@@ -10,7 +10,10 @@ way. The port is the engine's default one. A speculative method the space lists 
 version, its environment or the model cannot run is left out of that engine's space with one line
 (``say``) saying why, and so is each sampled config the engine at that version refuses on that
 device (``EngineAdapter.refusal``: its validation, or a known death at boot); another is sampled in
-its place, so every row printed is one the engine accepts as far as its adapter knows.
+its place, so every row printed is one the engine accepts as far as its adapter knows. With a
+``study``, a config its own trials tell without a boot (``tuner.search.learned``: rejected like an
+earlier config for its draft slots, or speculating with a draft measured idle) is left out the same
+way, with one line naming the trial: a search of that study would not boot it.
 
 The space's ``enqueue:`` configs come first, each row's ``kind`` ``enqueued`` (``sampled`` for the
 rest), as a search boots them right after the engine defaults; ``n`` counts the sampled rows only.
@@ -32,7 +35,9 @@ from tuner.engines.base import Device, EngineAdapter, ModelSpec
 from tuner.engines.env import EngineEnv, probe, probe_named
 from tuner.errors import ConfigError, EnvironmentSetupError
 from tuner.measure.telemetry import gpu_device, gpu_visible
+from tuner.search.acceptance import MEASURED_STATES
 from tuner.search.enqueue import enqueued_points
+from tuner.search.learned import learned_screen
 from tuner.search.model.ranking import by_prediction, predict_rows
 from tuner.search.resolve import detect_device
 from tuner.search.space import Space, load_space, suggest
@@ -98,6 +103,7 @@ def plan(
     for point in points:  # read back through suggest, as a search trial reads them
         sampling.enqueue_trial(point)
     gpu = gpu or _gpu()
+    ran = [] if study is None else study.get_trials(deepcopy=False, states=MEASURED_STATES)
 
     def launch_row(kind: str) -> dict[str, Any] | None:
         """The next trial's config as a row, or None where the engine refuses it."""
@@ -109,6 +115,11 @@ def plan(
         refused = adapter.refusal(config.params, device, version, config.enforce_eager)
         if refused is not None:
             say(f"{config.engine} {version}: left out {json.dumps(dict(config.params))}: {refused}")
+            return None
+        learned = learned_screen(config, ran, adapter) if ran else None
+        if learned is not None:
+            params = json.dumps(dict(config.params))
+            say(f"{config.engine} {version}: left out {params}: the study would not boot it: {learned.why}")
             return None
         python = env.python if env is not None else "python3"
         launch = adapter.launch(config, spec, device, adapter.default_port, python, version)
@@ -123,7 +134,10 @@ def plan(
         if (row := launch_row(SAMPLED_KIND)) is not None:
             rows.append(row)
     if len(rows) < n:
-        say(f"{len(rows)} of {n} configs planned: the engines' validation refuses the rest of what was sampled")
+        say(
+            f"{len(rows)} of {n} configs planned: the engines' validation (or the study's trials) left out the rest "
+            "of what was sampled"
+        )
     if study is None:
         return first + rows
     said = predict_rows(first + rows, study, {name: adapter for name, (adapter, _, _) in targets.items()})

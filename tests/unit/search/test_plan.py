@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 
+from tests.unit.study_files import H100_STUDY
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config, Device
 from tuner.engines.models import default_model_paths
@@ -307,6 +309,37 @@ def test_the_spaces_enqueued_configs_come_first_marked_and_those_of_engines_left
     assert [(r["engine"], r["kind"]) for r in only.rows()] == [("sglang", "enqueued"), ("sglang", "sampled")]
     left_out = [line for line in only.stderr.splitlines() if "not among this run's engines" in line]
     assert [line.split(" ")[0] for line in left_out] == ["enqueue.0", "enqueue.1", "enqueue.2"]
+
+
+def test_with_a_study_what_its_trials_tell_without_a_boot_is_left_out_with_a_line(dirs: Dirs, tmp_path: Path) -> None:
+    """A study holding the H100 study's trial 3 (vLLM, the generated EAGLE-3 head, which accepted next to
+    nothing) and trial 2 (vLLM, ``draft-2l``, which accepted most): a search of it would not boot vLLM
+    with that head again (``tuner.search.learned``), so the plan leaves out the enqueued head config and
+    every sampled one, each with a line, and keeps the draft's. The study has no capacity plan, so
+    nothing is fitted: the rows are the plan without a study less the head's."""
+    source = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{H100_STUDY}")
+    storage = f"sqlite:///{tmp_path / 'learned.db'}"
+    study = optuna.create_study(study_name="learned", storage=storage, directions=source.directions)
+    study.add_trial(source.trials[3])
+    study.add_trial(source.trials[2])
+    space = str(REPO / "search_spaces" / "gpu-h200.yaml")
+    base = ("--workload", "rag", "--space", space, "--engines", "vllm", "--n", "8", "--seed", "2")
+
+    def head(row: dict[str, Any]) -> bool:
+        return row["params"].get("draft_model") == "eagle3-head"
+
+    alone, told = _plan(dirs, *base), _plan(dirs, *base, "--study", "learned", "--storage", storage)
+    assert alone.returncode == 0 and told.returncode == 0, (alone.stderr, told.stderr)
+    plain = alone.rows()
+    assert head(plain[1]) and plain[1]["kind"] == "enqueued"
+    assert any(head(r) for r in plain if r["kind"] == "sampled"), "seed 2 samples the head: the test can fail"
+    rows = told.rows()
+    assert not any(head(r) for r in rows) and len(rows) == len(plain) - 1  # the 8 sampled are drawn again
+    assert [r["params"] for r in rows if r["kind"] == "enqueued"] == [plain[0]["params"], plain[2]["params"]]
+    assert any(r["params"].get("draft_model") == "draft-2l" for r in rows if r["kind"] == "sampled")
+    left_out = [line for line in told.stderr.splitlines() if "the study would not boot it" in line]
+    assert len(left_out) == sum(head(r) for r in plain), told.stderr
+    assert all('"eagle3-head"' in line and "in trial 0, too little to repay" in line for line in left_out)
 
 
 # --- refusals ------------------------------------------------------------------------------------

@@ -42,15 +42,15 @@ from tuner.errors import ConfigError, WorkloadError
 from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.trial import TrialContext
 from tuner.progress import Progress, Quiet
-from tuner.search.acceptance import MEASURED_STATES, idle_draft_like
+from tuner.search.acceptance import MEASURED_STATES
 from tuner.search.grid import grid_points
+from tuner.search.learned import learned_screen
 from tuner.search.memory import estimate, observations
 from tuner.search.model.fit import Fit
 from tuner.search.model.history import Served, served_of, speculation
 from tuner.search.model.parallel import default_workers
 from tuner.search.model.predict import EngineModel, Prediction, expected_improvement, model_sigma
 from tuner.search.model.requests import StudyRequests
-from tuner.search.rejections import rejected_like
 from tuner.search.space import Space, distributions, suggest
 from tuner.search.speculation import Offer
 from tuner.study.attrs import DEFAULT_KIND, TrialAttrs, checked_trial_attrs, predicted_claim, trial_attrs
@@ -250,10 +250,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
             adapter = c.adapters[config.engine]
             est = estimate(config, c.model, c.device, history, adapter.default_memory_fraction,
                            adapter.kv_tokens_required(c.model))  # fmt: skip
-            if (est is not None and not est.fits) or rejected_like(config, finished, adapter) is not None:
-                continue
-            if idle_draft_like(config, ran) is not None:
-                continue
+            if (est is not None and not est.fits) or learned_screen(config, ran, adapter) is not None:
+                continue  # the objective would tell it without a boot
             version = c.versions.get(config.engine)
             if (
                 version is not None
