@@ -5,6 +5,7 @@ and through the search objective, which tells such a config pruned without a boo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import optuna
@@ -20,7 +21,9 @@ from tuner.search.objective import SearchObjective
 from tuner.search.space import Space
 
 
+@functools.cache
 def _h100() -> dict[int, optuna.trial.FrozenTrial]:
+    """The H100 study's trials, read once for the module (the tests only read them)."""
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{H100_STUDY}")
     return {t.number: t for t in study.trials}
 
