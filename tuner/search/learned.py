@@ -25,7 +25,7 @@ class Learned:
 
     like: optuna.trial.FrozenTrial
     why: str
-    idle_gain: float | None  # the draft's measured gain per verify step; None where the engine rejected
+    rejected: bool  # the engine rejected ``like`` for its draft slots (else: its draft was measured idle)
 
 
 def learned_screen(config: Config, ran: Sequence[optuna.trial.FrozenTrial], adapter: EngineAdapter) -> Learned | None:
@@ -35,11 +35,11 @@ def learned_screen(config: Config, ran: Sequence[optuna.trial.FrozenTrial], adap
     rejected = rejected_like(config, finished, adapter)
     if rejected is not None:
         why = f"no easier than trial {rejected.number}, which the engine rejected for its draft slots"
-        return Learned(rejected, why, None)
+        return Learned(rejected, why, rejected=True)
     idle = idle_draft_like(config, ran)
     if idle is None:
         return None
     like, gain = idle
     why = (f"its draft gained {gain:.4f} tokens per verify step in trial {like.number}, too little to "
            f"repay drafting at K={config.params.get('num_speculative_tokens')}")  # fmt: skip
-    return Learned(like, why, gain)
+    return Learned(like, why, rejected=False)

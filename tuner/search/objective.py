@@ -139,7 +139,7 @@ class SearchObjective:
             why = f"the engine refuses it: {refused}"
             return self._not_booted(trial, config, REJECTED, "known", why, estimate_attrs, refused=refused)
         learned = learned_screen(config, ran, adapter) if self.screen and not default else None
-        if learned is not None and learned.idle_gain is None:
+        if learned is not None and learned.rejected:
             return self._not_booted(
                 trial, config, REJECTED, "known", learned.why, estimate_attrs, rejected_like=learned.like.number
             )
