@@ -106,7 +106,7 @@ def plan(
     ran = [] if study is None else study.get_trials(deepcopy=False, states=MEASURED_STATES)
 
     def launch_row(kind: str) -> dict[str, Any] | None:
-        """The next trial's config as a row, or None where the engine refuses it."""
+        """The next trial's config as a row, or None where the engine refuses it or the study tells it."""
         trial = sampling.ask()
         config = suggest(trial, space, offers, is_default=False)
         sampling.tell(trial, 0.0)
