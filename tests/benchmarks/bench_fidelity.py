@@ -72,6 +72,7 @@ from tuner.engines.prometheus import histogram_mean_delta, metric_total
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.metrics import summarize
 from tuner.measure.process import ServerProcess, free_port
+from tuner.measure.trial import reset_prefix_cache
 from tuner.workloads import build_workload
 from tuner.workloads.base import Request, load_tokenizer
 
@@ -201,7 +202,8 @@ def stall_probe(found: dict[str, float]) -> Iterator[None]:
 
 def measured(run: Any, client: httpx.Client, base_url: str) -> ToolRun:
     """Reset the prefix cache, scrape, run, scrape: the run with the server's own TTFT mean."""
-    client.post(base_url + "/reset_prefix_cache").raise_for_status()
+    if not reset_prefix_cache(client, base_url, VllmAdapter()):
+        raise SystemExit(f"{base_url}: the prefix cache was not emptied (is VLLM_SERVER_DEV_MODE=1 set?)")
     before = _engine.scrape(client, base_url)
     started = time.monotonic()
     stalls: dict[str, float] = {}

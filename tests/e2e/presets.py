@@ -23,6 +23,7 @@ from tuner.engines.env import EngineEnv
 from tuner.engines.prometheus import metric_total, parse_prometheus
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.process import ServerProcess, free_port
+from tuner.measure.trial import reset_prefix_cache
 from tuner.search.space import load_space
 from tuner.workloads import build_workload, load_tokenizer
 from tuner.workloads.base import Workload
@@ -73,7 +74,7 @@ def measure_presets(server: Served) -> dict[str, Measured]:
         for name, n_requests in REQUESTS.items():
             workload = build_workload(name, tokenizer, seed=0, n_requests=n_requests, max_model_len=MAX_MODEL_LEN)
             drive_sync(None, server.base_url, server.model, workload.warmup, concurrency=workload.concurrency)
-            assert client.post(server.base_url + "/reset_prefix_cache").status_code == 200, "dev mode is on"
+            assert reset_prefix_cache(client, server.base_url, VllmAdapter()), "dev mode is on, the warmup ended"
             before = parse_prometheus(client.get(server.base_url + "/metrics").text)
             drove = drive_sync(None, server.base_url, server.model, workload.requests, concurrency=workload.concurrency)
             after = parse_prometheus(client.get(server.base_url + "/metrics").text)

@@ -105,7 +105,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         if self.path == "/reset_prefix_cache":
-            self._send(200, "{}")
+            self._send(200, '{"success": true}')  # as vLLM answers it
         elif self.path in ("/v1/completions", "/v1/chat/completions"):
             with State.lock:
                 State.requests += 1

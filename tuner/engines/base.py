@@ -57,6 +57,7 @@ import abc
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -218,6 +219,14 @@ def rows_from_lists(
     return BenchRows(rows, max(ends, default=0.0), start_times is not None)
 
 
+class CacheReset(Enum):
+    """What a server's answer to the prefix-cache reset says."""
+
+    DONE = "done"
+    BUSY = "busy"  # requests still hold the cache: ask again once they have ended
+    REFUSED = "refused"  # no such route, or an error that asking again will not change
+
+
 class EngineAdapter(abc.ABC):
     """Builds commands for one engine and reads what it reports. See the module docstring."""
 
@@ -232,7 +241,7 @@ class EngineAdapter(abc.ABC):
     reset_cache_path: str | None = None  # POST here after warmup empties the prefix cache
     # what a server the tuner measures needs beside its launch (a dev endpoint), never exported
     measuring_env: Mapping[str, str] = MappingProxyType({})
-    reset_busy_status: int | None = None  # what that answers while requests still run: asked again
+    reset_busy_status: int | None = None  # what that answers while requests still run (``cache_reset``)
     needs_gpu: bool = False  # an engine with no CPU build is left out of studies on a machine without a GPU
     ttft_histogram: str = ""
     waiting_gauge: str | None = None
@@ -249,6 +258,13 @@ class EngineAdapter(abc.ABC):
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         return 1  # any positive KV pool
+
+    def cache_reset(self, status: int, body: bytes) -> CacheReset:
+        """What the server's answer to a POST on ``reset_cache_path`` says: done on 200, busy on
+        ``reset_busy_status``, refused otherwise."""
+        if status == 200:
+            return CacheReset.DONE
+        return CacheReset.BUSY if status == self.reset_busy_status else CacheReset.REFUSED
 
     def bench_dataset(self, prompts: Sequence[str], output_lens: Sequence[int]) -> str:
         """A ShareGPT file of these prompts (``sharegpt_dataset``): the form both engines' clients read."""

@@ -69,6 +69,7 @@ from typing import Any
 from tuner.engines.base import (
     SCRIPTS,
     BenchRows,
+    CacheReset,
     Config,
     Device,
     EngineAdapter,
@@ -191,6 +192,19 @@ class VllmAdapter(EngineAdapter):
     def bench_rows(self, result: Mapping[str, Any]) -> BenchRows:
         return rows_from_lists(result["ttfts"], result["itls"], result["output_lens"], result["errors"],
                                result["start_times"])  # fmt: skip
+
+    def cache_reset(self, status: int, body: bytes) -> CacheReset:
+        """vLLM (0.26 and 0.32 alike, ``entrypoints/serve/dev/cache/api_router.py``) answers 200 either
+        way, with ``{"success": false}`` while blocks are still held ("callers may retry"), such as by
+        the requests of a step cut short that it is still ending. A 200 without that key is done."""
+        if status == 200:
+            try:
+                said = json.loads(body)
+            except ValueError:
+                return CacheReset.DONE
+            if isinstance(said, dict) and said.get("success") is False:
+                return CacheReset.BUSY
+        return super().cache_reset(status, body)
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         # "To serve at least one request with the model's max seq len": vLLM refuses to start below it

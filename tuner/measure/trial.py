@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from tuner.client.driver import DriveResult, RequestRecord, drive_sync
-from tuner.engines.base import Config, Device, EngineAdapter, LaunchSpec, ModelSpec
+from tuner.engines.base import CacheReset, Config, Device, EngineAdapter, LaunchSpec, ModelSpec
 from tuner.engines.env import EngineEnv
 from tuner.errors import EngineLaunchError
 from tuner.measure.failures import classify_serve
@@ -91,6 +91,7 @@ def _describe(config: Config) -> str:
 TTFT_AGREEMENT = 0.10  # client and server mean TTFT further apart than this: the trial is flagged
 RESET_PATIENCE_S = 30.0  # how long a busy server's refusal to empty its prefix cache is waited out
 RESET_POLL_S = 0.5
+RESET_MIN_TIMEOUT_S = 5.0  # a last ask near the deadline still gets this long to answer
 # Called with the number of measured requests and the boot time just before they are sent; returns
 # the driver's on_record callback, which may raise ``Pruned`` to stop the workload (``tuner.search.pruning``).
 WatchFactory = Callable[[int, float], Callable[[RequestRecord], None]]
@@ -337,20 +338,24 @@ def reset_prefix_cache(
     client: httpx.Client, base_url: str, adapter: EngineAdapter, patience_s: float = RESET_PATIENCE_S
 ) -> bool:
     """Empty the prefix cache the warmup (or the last step) filled, so each start is equally cold;
-    True once the server did. One that refuses while requests still run (the adapter's
-    ``reset_busy_status``: after a step cut short it is still ending the cancelled ones) is asked
-    again, for up to ``patience_s``."""
+    True once the server did. One that says it is busy while requests still run (the adapter's
+    ``cache_reset``: after a step cut short it is still ending the cancelled ones) is asked again,
+    and a slow answer waited for, up to ``patience_s`` in all, whatever the client's own timeout:
+    an engine still ending a cut step's requests on loaded cores may answer later than its callers'
+    clients allow any other request (CHANGELOG, "a slow prefix-cache reset")."""
     if adapter.reset_cache_path is None:
         return False
     deadline = time.monotonic() + patience_s
     while True:
         try:
-            status = client.post(base_url + adapter.reset_cache_path).status_code
+            answer = client.post(base_url + adapter.reset_cache_path,
+                                 timeout=max(deadline - time.monotonic(), RESET_MIN_TIMEOUT_S))  # fmt: skip
         except httpx.HTTPError:
             return False
-        if status == 200:
+        said = adapter.cache_reset(answer.status_code, answer.content)
+        if said is CacheReset.DONE:
             return True
-        if status != adapter.reset_busy_status or time.monotonic() >= deadline:
+        if said is CacheReset.REFUSED or time.monotonic() >= deadline:
             return False
         time.sleep(RESET_POLL_S)
 

@@ -13,7 +13,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from tests import loopback
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.search.drive_server import served_model
@@ -74,14 +75,8 @@ def _handler(fake: Fake) -> type[BaseHTTPRequestHandler]:
 
 @contextlib.contextmanager
 def serving(fake: Fake) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback.serving(_handler(fake)) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)
