@@ -60,6 +60,24 @@ def test_trial_18_which_the_tag_booted_would_have_been_told_from_trial_3() -> No
     assert told is not None and told[0].number == 3
 
 
+def test_trial_19_was_told_from_nothing_before_it_and_its_own_measurement_tells_only_its_width() -> None:
+    """Block 11 booted SGLang with the EAGLE head in a 4-wide tree (trial 19), which accepted next to
+    nothing (reports/gpu-h100/study-1/block11/NOTES.md). No earlier trial had measured that head on
+    SGLang (trial 9 ran it on vLLM and died at boot), so main would have booted it too; now its
+    measurement tells the same head on SGLang in a tree of that width, and not in a chain."""
+    trials = _h100()
+    config = dict(trials[19].user_attrs["config"])
+    assert (config["draft_model"], config["spec_tree"]) == ("eagle-head", [4, 8])
+    gain = measured_gain(trials[19].user_attrs.get("speculation"))
+    assert gain is not None and config["num_speculative_tokens"] * gain < IDLE_GAIN_PER_STEP
+    assert measured_gain(trials[9].user_attrs.get("speculation")) is None
+    assert idle_draft_like(Config("sglang", config), [trials[n] for n in range(19)]) is None
+    told = idle_draft_like(Config("sglang", {**config, "num_speculative_tokens": 2}), [trials[19]])
+    assert told is not None and told[0].number == 19
+    assert idle_draft_like(Config("sglang", {**config, "spec_tree": [1, 2]}), [trials[19]]) is None
+    assert idle_draft_like(Config("vllm", {k: v for k, v in config.items() if k != "spec_tree"}), [trials[19]]) is None
+
+
 def test_the_same_engine_and_head_in_a_chain_is_told_and_a_wider_tree_is_not() -> None:
     trials = _h100()
     head = dict(trials[13].user_attrs["config"])  # SGLang EAGLE-3 head, tree [1, 2]: a chain
