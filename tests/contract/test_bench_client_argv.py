@@ -3,7 +3,8 @@
 vLLM: ``vllm.benchmarks.serve.add_cli_args`` (what ``vllm bench serve`` parses with) on the CPU build
 here; 0.26's flags are the ones its H200 capture's Namespace line shows (tests/data/captures/README.md).
 SGLang 0.5.23 cannot serve on this machine, but its ``sglang.bench_serving`` parser runs: its
-``cli_main`` is called with ``run_benchmark`` replaced, so the parsed namespace is read and nothing is sent.
+``cli_main`` is called with ``run_benchmark`` replaced, so the parsed namespace is read and nothing is sent
+(tests/e2e/test_workloads_e2e.py sends with SGLang's client to the vLLM CPU build's server).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tuner.engines import ADAPTERS
 from tuner.engines.base import sharegpt_dataset
 from tuner.engines.env import probe
 from tuner.engines.models import default_models
+from tuner.engines.sglang import BENCH_SERVING
 from tuner.engines.vllm import BENCH_DATASET, BENCH_SERVE
 
 PARSE = {
@@ -47,7 +49,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
              "save_detailed": True, "save_result": True, "endpoint": "/v1/completions", "num_warmups": 0,
              "tokenizer": "/m/folder", "model": "served-name", "no_oversample": True,
              "result_dir": "/tmp/x", "result_filename": "r.json"},
-    "sglang": {"backend": "sglang-oai", "dataset_name": "sharegpt", "sharegpt_output_len": 48, "temperature": 0.0,
+    "sglang": {"backend": "sglang-oai", "dataset_name": "sharegpt", "sharegpt_output_len": None, "temperature": 0.0,
                "request_rate": 2.5, "num_prompts": 30, "seed": 0, "output_details": True,
                "output_file": "/tmp/x/r.json", "warmup_requests": 0, "disable_ignore_eos": False,
                "tokenizer": "/m/folder", "model": "served-name"},
@@ -58,12 +60,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
 def test_the_client_argv_parses_to_what_verify_means(name: str) -> None:
     adapter = ADAPTERS[name]()
     env = probe(adapter)
+    assert adapter.bench_own_output_lens  # each request at its own output length, told in the file
     argv = adapter.bench_argv(env.python, "http://127.0.0.1:8000", "served-name", "/m/folder", "/tmp/x/d.json",
-                              "/tmp/x/r.json", 2.5, 30, None if ADAPTERS[name].bench_own_output_lens else 48,
-                              0)  # fmt: skip
+                              "/tmp/x/r.json", 2.5, 30, None, 0)  # fmt: skip
     assert argv[0] == env.python
-    flags = argv[3:]  # after python -c BENCH_SERVE, or python -m module
-    assert argv[1:3] == (["-c", BENCH_SERVE] if name == "vllm" else ["-m", "sglang.bench_serving"])
+    flags = argv[3:]  # after python -c BENCH_SERVE or BENCH_SERVING
+    assert argv[1:3] == ["-c", BENCH_SERVE if name == "vllm" else BENCH_SERVING]
     done = subprocess.run([env.python, "-c", PARSE[name]], input=json.dumps(flags), capture_output=True, text=True,
                           timeout=600, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,10 +34,12 @@ import pytest
 from tests.e2e.conftest import ROOT, capacity_of, tuner
 from tests.e2e.presets import MAX_MODEL_LEN, REQUESTS, Measured, Served, measure_presets, serve
 from tuner.engines.base import CacheReset
-from tuner.engines.env import EngineEnv
+from tuner.engines.env import EngineEnv, probe
+from tuner.engines.sglang import SglangAdapter
 from tuner.engines.vllm import VllmAdapter
 from tuner.measure.trial import reset_prefix_cache
-from tuner.workloads import rag
+from tuner.measure.verify import client_requests, read_result, run_client
+from tuner.workloads import build_workload, load_tokenizer, rag
 
 pytestmark = pytest.mark.engine(boots=1)
 BUSY_REQUESTS = 32  # prefill enough to keep the engine busy past its API server's lag on loaded cores
@@ -244,6 +247,31 @@ def test_a_drive_stopped_by_sigterm_reports_the_steps_it_judged(server: Served) 
     assert capacity["interrupted"] is True and found["stop_reason"] == "interrupted"
     assert len(found["steps"]) >= 1 and capacity["steps_measured"] >= 1
     assert found["capacity_req_s"] == capacity_of(found["steps"], 0.9)
+
+
+def test_sglang_bench_serving_sends_the_steps_requests_in_order_each_at_its_own_output_length(
+    server: Served, tmp_path: Path
+) -> None:
+    """SGLang's own client, as `tuner verify` runs it for an SGLang winner, sends to an OpenAI
+    completions server: the vLLM CPU build's here, since SGLang has no CPU build. Its ShareGPT reader,
+    replaced in the client's process (BENCH_SERVING), must keep every rag request, in order, at its own
+    answer length: with one length for all, a GPU step's 256-768-token answers would leave a few."""
+    adapter = SglangAdapter()
+    workload = build_workload("rag", load_tokenizer(server.model_dir), seed=0, n_requests=6,
+                              max_model_len=MAX_MODEL_LEN)  # fmt: skip
+    chosen = client_requests(workload.requests, adapter)
+    assert chosen.notes == [] and chosen.output_len is None and len(set(chosen.output_lens)) > 1
+    dataset, result = tmp_path / "d.json", tmp_path / "r.json"
+    dataset.write_text(adapter.bench_dataset(chosen.prompts, chosen.output_lens))
+    argv = adapter.bench_argv(probe(adapter).python, server.base_url, server.model, str(server.model_dir),
+                              str(dataset), str(result), 4.0, len(chosen.prompts), None, 0)  # fmt: skip
+    run_client(argv, tmp_path / "client.log", timeout_s=600)
+    bench = read_result(result, adapter)
+    assert not bench.timed  # SGLang's client records no send times (tuner/engines/sglang.py)
+    assert [r["error"] for r in bench.rows] == [None] * len(chosen.prompts)
+    assert [r["output_tokens"] for r in bench.rows] == chosen.output_lens
+    sent = json.loads(result.read_text().strip().splitlines()[-1])["input_lens"]
+    assert sent == [r.prompt_tokens for r in workload.requests]  # the step's prompts, in its order
 
 
 def test_tuner_verify_judges_vllm_bench_serve_output_like_a_step(server: Served) -> None:

@@ -29,10 +29,13 @@ Parameter → flag mapping:
 ``/health_generate``, which answers 200 only once a generation ran.
 
 Benchmark client (``tuner verify``): ``python -m sglang.bench_serving --backend sglang-oai`` (the
-OpenAI completions endpoint the tuner drives) on a ShareGPT file with ``--sharegpt-output-len N``;
-ignore_eos is its default. Two limits of 0.5.23's client, read in ``sglang/benchmark``: its ShareGPT
-reader always shuffles (seeded by ``--seed``), so the prompts are the same but not in the same order,
-and ``--output-details`` writes ``ttfts``, ``itls``, ``output_lens``, ``errors`` but no start
+OpenAI completions endpoint the tuner drives) on a ShareGPT file, through its own parser and
+``cli_main`` (``BENCH_SERVING``), with its ShareGPT reader replaced by one that keeps the file's
+entries in order at each entry's ``output_tokens``; ignore_eos is its default. Its reader, the same in
+0.5.17 and 0.5.23 (``sglang/benchmark/datasets/sharegpt.py``), always shuffles, and takes one
+``--sharegpt-output-len`` for every request or else each reply's token count: with the rag preset's
+answers of 256 to 768 tokens, one length for all would leave a few requests of a step for the client
+to send. ``--output-details`` writes ``ttfts``, ``itls``, ``output_lens``, ``errors`` but no start
 times, so its rows carry no send times (``BenchRows.timed`` False).
 """
 
@@ -55,7 +58,25 @@ from tuner.engines.base import (
 )
 from tuner.engines.prometheus import histogram_mean_delta, metric_total
 from tuner.engines.speculation import OFF, WITH_DRAFT, WITH_TARGET_LAYERS, SpecSupport, draft_of, method_of
-from tuner.errors import EnvironmentSetupError
+
+# SGLang's own client with its ShareGPT reader told two things of the tuner's file, as vLLM's is
+# (tuner/engines/vllm.py): every entry is kept, in order, and each request asks for its entry's
+# "output_tokens" (unless --sharegpt-output-len names one for all). Sending, timing and the
+# per-request output are the client's own (``sglang.benchmark.serving``, where ``python -m
+# sglang.bench_serving`` leads in 0.5.17 and 0.5.23).
+BENCH_DATASET = (
+    "import json\n"
+    "from sglang.benchmark.datasets import sharegpt\n"
+    "from sglang.benchmark.datasets.common import DatasetRow\n"
+    "def _in_order(dataset_path, num_requests, tokenizer, fixed_output_len=None, **_):\n"
+    "    with open(dataset_path) as f:\n"
+    "        entries = json.load(f)[:num_requests]\n"
+    "    return [DatasetRow(prompt=e['conversations'][0]['value'],\n"
+    "                       prompt_len=len(tokenizer.encode(e['conversations'][0]['value'])),\n"
+    "                       output_len=fixed_output_len or int(e['output_tokens'])) for e in entries]\n"
+    "sharegpt.sample_sharegpt_requests = _in_order\n"
+)
+BENCH_SERVING = BENCH_DATASET + "from sglang.benchmark.serving import cli_main\ncli_main()\n"
 
 _TREE = ("spec_tree",)  # the EAGLE family's draft tree: top-k and draft tokens, K being the steps
 SPEC_METHODS = MappingProxyType({
@@ -106,19 +127,19 @@ class SglangAdapter(EngineAdapter):
     waiting_gauge = "sglang:num_queue_reqs"
     needs_gpu = True
     bench_module = "sglang.bench_serving"
+    bench_own_output_lens = True  # BENCH_SERVING reads each entry's output_tokens
 
     def bench_argv(
         self, python: str, base_url: str, model: str, tokenizer: str, dataset: str, result: str, rate: float,
         n: int, output_len: int | None, seed: int,
     ) -> list[str]:  # fmt: skip
-        if output_len is None:  # its ShareGPT reader takes one --sharegpt-output-len for every request
-            raise EnvironmentSetupError("SGLang's bench_serving takes one output length for all requests")
+        one_length = [] if output_len is None else ["--sharegpt-output-len", str(output_len)]
         return [
-            python, "-m", self.bench_module, "--backend", "sglang-oai", "--base-url", base_url, "--model", model,
-            "--tokenizer", tokenizer, "--dataset-name", "sharegpt", "--dataset-path", dataset,
-            "--sharegpt-output-len", str(output_len), "--temperature", "0", "--request-rate", f"{rate:.6g}",
-            "--num-prompts", str(n), "--warmup-requests", "0", "--seed", str(seed), "--disable-tqdm",
-            "--output-file", result, "--output-details",
+            python, "-c", BENCH_SERVING, "--backend", "sglang-oai", "--base-url", base_url, "--model", model,
+            "--tokenizer", tokenizer, "--dataset-name", "sharegpt", "--dataset-path", dataset, *one_length,
+            "--temperature", "0", "--request-rate", f"{rate:.6g}", "--num-prompts", str(n),
+            "--warmup-requests", "0", "--seed", str(seed), "--disable-tqdm", "--output-file", result,
+            "--output-details",
         ]  # fmt: skip
 
     def bench_rows(self, result: Mapping[str, Any]) -> BenchRows:

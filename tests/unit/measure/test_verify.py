@@ -80,14 +80,22 @@ def _request(i: int, endpoint: str = COMPLETIONS_ENDPOINT, tokens: int = 48, pro
     return Request(f"r{i}", endpoint, body, prompt_tokens, tokens, session_id=session)
 
 
+class OneLengthClient(SglangAdapter):
+    """A client that takes one output length for every request, as SGLang's did before the tuner
+    replaced its ShareGPT reader (tuner/engines/sglang.py, BENCH_SERVING)."""
+
+    bench_own_output_lens = False
+
+
 def test_what_the_client_cannot_send_is_left_out_and_said() -> None:
     requests = [_request(0), _request(1, CHAT_ENDPOINT, session="s"), _request(2, tokens=16),
                 _request(3, prompt_tokens=2000), _request(4)]  # fmt: skip
-    chosen = client_requests(requests, VllmAdapter())  # each request at its own length, long prompts too
-    assert chosen.prompts == ["p0", "p2", "p3", "p4"] and chosen.output_lens == [48, 16, 48, 48]
-    assert chosen.output_len is None
-    assert len(chosen.notes) == 1 and "single-turn completions" in chosen.notes[0]
-    one = client_requests(requests, SglangAdapter())  # one --sharegpt-output-len for all: the commonest
+    for adapter in (VllmAdapter(), SglangAdapter()):  # each request at its own length, long prompts too
+        chosen = client_requests(requests, adapter)
+        assert chosen.prompts == ["p0", "p2", "p3", "p4"] and chosen.output_lens == [48, 16, 48, 48]
+        assert chosen.output_len is None
+        assert len(chosen.notes) == 1 and "single-turn completions" in chosen.notes[0]
+    one = client_requests(requests, OneLengthClient())  # one --sharegpt-output-len for all: the commonest
     assert one.prompts == ["p0", "p3", "p4"] and one.output_len == 48 and one.output_lens == [48, 48, 48]
     assert len(one.notes) == 2 and "another output length than 48" in one.notes[1]
 
