@@ -14,6 +14,7 @@ REPORTS = Path(__file__).resolve().parents[2] / "reports"
 H200_FIRST = REPORTS / "gpu-h200" / "rag-h200.db"
 H200_CAPACITY_BLOCK4 = REPORTS / "gpu-h200" / "capacity" / "block4" / "rag-h200-capacity-4.db"
 H100_STUDY = REPORTS / "gpu-h100" / "study-1" / "rag-h100-study-1.db"
+H200_STUDY = REPORTS / "gpu-h200" / "study-1" / "rag-h200-study-1.db"
 
 
 def recorded_attrs(db: Path) -> dict[int, dict[str, Any]]:

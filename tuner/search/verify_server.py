@@ -46,6 +46,7 @@ __all__ = [
     "OVER_SHARE",
     "Claim",
     "describe_report",
+    "exported_launch",
     "tier_winners",
     "trial_claims",
     "verify_claims",
@@ -303,19 +304,25 @@ def verify_trial(
     with tempfile.TemporaryDirectory(prefix="tuner-verify-export-") as scratch:
         # what boots is the trial's exported .sh, read back as `tuner verify FILE` reads one: the command
         # a user deploys, which must be the one the trial measured
-        where = work_dir or Path(scratch)
-        where.mkdir(parents=True, exist_ok=True)
-        launch_file = where / (safe_stem(study.study_name, number) + ".sh")
-        launch_file.write_text(render_sh(manifest(study, trial)))
-        module, args, _ = read_launch_file(launch_file)
-        if module != launch["module"] or args != [str(a) for a in launch["args"]]:
-            raise ExportError(f"trial {number}: its exported .sh reads back as {module} {args}, not the recorded "
-                              f"{launch['module']} {launch['args']}")  # fmt: skip
+        launch_file, module, args = exported_launch(study, trial, work_dir or Path(scratch))
         spec = _spec(adapter, str(launch["python"]), module, args, None)
         report = _boot_and_verify(spec, f"trial {number}", opts, claims, None, "cpu" if kind == "cpu" else "gpu",
                                   duration_s, progress, work_dir)  # fmt: skip
     kept = str(launch_file) if work_dir is not None else None
     return {"study": study.study_name, "trial": number, "launch_file": kept, **report}
+
+
+def exported_launch(study: optuna.Study, trial: optuna.trial.FrozenTrial, where: Path) -> tuple[Path, str, list[str]]:
+    """The trial's exported .sh, written into ``where``, and the module and arguments it reads back as
+    (``tuner verify FILE`` reads one so); ``ExportError`` unless they are the launch the trial recorded."""
+    where.mkdir(parents=True, exist_ok=True)
+    launch, launch_file = stored_launch(trial), where / (safe_stem(study.study_name, trial.number) + ".sh")
+    launch_file.write_text(render_sh(manifest(study, trial)))
+    module, args, _ = read_launch_file(launch_file)
+    if module != launch["module"] or args != [str(a) for a in launch["args"]]:
+        raise ExportError(f"trial {trial.number}: its exported .sh reads back as {module} {args}, not the recorded "
+                          f"{launch['module']} {launch['args']}")  # fmt: skip
+    return launch_file, module, args
 
 
 def verify_launch_file(

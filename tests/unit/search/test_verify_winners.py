@@ -1,4 +1,5 @@
-"""``tuner search --verify`` picks each tier's best feasible trial; a tier with none says so."""
+"""``tuner search --verify`` picks each tier's best feasible trial; a tier with none says so. What it boots,
+each winner's exported .sh, reads back as the command the trial measured, on the GPU studies' own files."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.errors import ConfigError
+from tests.unit.study_files import H100_STUDY, H200_STUDY
+from tuner.errors import ConfigError, ExportError
 from tuner.progress import Progress
 from tuner.search import verify_server
+from tuner.search.finalists import pick_finalists
 from tuner.search.options import SearchOptions
 from tuner.search.resolve import check_capacity_flags
-from tuner.search.verify_server import tier_winners, verify_winners
+from tuner.search.verify_server import exported_launch, tier_winners, verify_winners
 
 
 def _trial(study: optuna.Study, interactive: float, relaxed: float, violation: float = 0.0) -> None:
@@ -131,3 +134,32 @@ def test_a_verify_cut_by_the_lease_resumes_with_the_tier_left(monkeypatch: pytes
     study.set_user_attr("verify", {**reports, "relaxed": {"study": "s", "trial": 0, "error": "the client exited 1"}})
     verify_winners(study, SearchOptions(workload="rag"), ["interactive", "relaxed"], Progress(), tmp_path)
     assert boots == [2, 0, 0], "a stored error is tried again"
+
+
+@pytest.mark.parametrize(("study_name", "path"), [("rag-h100-study-1", H100_STUDY), ("rag-h200-study-1", H200_STUDY)])
+def test_each_gpu_finalist_exports_a_launch_file_that_reads_back_as_the_command_it_measured(
+    study_name: str, path: Path, tmp_path: Path
+) -> None:
+    """What `tuner verify --study` boots for a GPU study's winner, checked on the real study files
+    before a lease pays for it: SGLang's and vLLM's exported .sh for each finalist reads back as the
+    launch its trial recorded (the H100 study's finalists are SGLang's trials 8 and 6, vLLM's 0)."""
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{path}")
+    finalists = pick_finalists(study, 1)
+    engines = set()
+    for trial in finalists:
+        launch_file, module, args = exported_launch(study, trial, tmp_path)
+        assert launch_file.parent == tmp_path and module == trial.user_attrs["launch"]["module"]
+        assert args == [str(a) for a in trial.user_attrs["launch"]["args"]]
+        engines.add(trial.user_attrs["engine"])
+    assert engines == {"vllm", "sglang"}
+
+
+def test_a_launch_file_that_reads_back_as_another_command_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{H100_STUDY}")
+    monkeypatch.setattr(
+        verify_server, "read_launch_file", lambda path: ("sglang.launch_server", ["--model-path", "x"], None)
+    )
+    with pytest.raises(ExportError, match="trial 8: its exported .sh reads back as sglang.launch_server"):
+        exported_launch(study, study.trials[8], tmp_path)
