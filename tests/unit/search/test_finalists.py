@@ -1,13 +1,17 @@
-"""The finalists' stress check, with scripted runs in place of engines (the real path: tests/e2e)."""
+"""The finalists' stress check, with scripted runs in place of engines (the real path: tests/e2e), and a dry
+run of the H100 study's finalists stage on a copy of its file."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import optuna
 import pytest
 
+from tests.unit.study_files import H100_STUDY
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
+from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.trial import TrialContext, TrialResult
 from tuner.progress import Quiet
 from tuner.search import finalists
@@ -166,3 +170,54 @@ def test_a_two_tier_study_repeats_each_tiers_best(ctx: TrialContext, monkeypatch
     assert booted == [0, 0, 0, 1, 1, 1, 3, 3, 3], "the default first, then each tier's best; trial 2 is neither"
     assert verdict["by_metric"]["capacity_interactive_req_s"]["trials"] == [1]
     assert verdict["by_metric"]["capacity_relaxed_req_s"]["trials"] == [3]
+
+
+def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_lease(
+    ctx: TrialContext, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A dry run of the H100 study's finalists stage on a copy of its file (reports/gpu-h100.md), with
+    scripted runs in place of the engines: both engines' defaults first (trials 0 and 6), then the best
+    of both tiers (trial 8), three fresh boots each at its recorded config, each started at its own
+    capacities, the stress check on the third; a lease that ends after four boots leaves those stored,
+    and the next block boots only the five missing."""
+    copy = tmp_path / "study.db"
+    copy.write_bytes(H100_STUDY.read_bytes())
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
+    recorded = {t.number: t.user_attrs for t in study.trials}
+    tiers = {"interactive": {"ttft_p95_ms": 300.0, "tpot_p95_ms": 100.0},
+             "relaxed": {"ttft_p95_ms": 600.0, "tpot_p95_ms": 200.0}}  # fmt: skip
+    ctx = dataclasses.replace(ctx, capacity=CapacityPlan(tiers=tiers, scored=("interactive", "relaxed")))
+    booted: list[tuple[int, int | None, bool]] = []
+    lease_ends_after: list[int | None] = [4]
+
+    def run(number: int, config: Config, ctx: TrialContext, repeat: int | None = None, stress: bool = False,
+            **hint: Any) -> TrialResult:  # fmt: skip
+        if lease_ends_after[0] is not None and len(booted) == lease_ends_after[0]:
+            raise KeyboardInterrupt("finish.sh: SIGTERM")
+        attrs = recorded[number]
+        assert config.engine == attrs["engine"] and dict(config.params) == attrs["config"]
+        metrics = {k: v for k, v in attrs["metrics"].items() if k.startswith("capacity_")}
+        assert hint == {"incumbents": {t: metrics[f"capacity_{t}_req_s"] for t in tiers}, "prune": False}
+        booted.append((number, repeat, stress))
+        result = TrialResult(config, SPEC, str(attrs["engine_version"]), metrics=metrics)
+        if stress:
+            result.stress = {"metrics": {"ttft_p95_ms": 900.0, "e2e_p95_ms": 9000.0, "error_rate": 0.0},
+                             "alive": True, "killed": False, "log": "", "prompt_tokens": 4096, "concurrency": 48,
+                             "cache_reset": True}  # fmt: skip
+        return result
+
+    monkeypatch.setattr(finalists, "run_trial", run)
+    with pytest.raises(KeyboardInterrupt):
+        finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
+    assert booted == [(0, 1, False), (0, 2, False), (0, 3, True), (6, 1, False)]
+    stored = study.user_attrs["finalist_runs"]
+    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 1} and list(study.user_attrs["stress"]) == [
+        "0"
+    ]
+    lease_ends_after[0] = None
+    booted.clear()
+    verdict = finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
+    assert booted == [(6, 2, False), (6, 3, True), (8, 1, False), (8, 2, False), (8, 3, True)]
+    assert [f["trial"] for f in study.user_attrs["finalists"]] == [0, 6, 8]
+    assert sorted(study.user_attrs["stress"]) == ["0", "6", "8"] and verdict["stress_failed"] == []
+    assert set(verdict["by_metric"]) == {"capacity_interactive_req_s", "capacity_relaxed_req_s"}
