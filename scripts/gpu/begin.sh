@@ -26,6 +26,16 @@ case "$GPU" in  # one study per card: no trial of one card enters the other's fi
   *H100*) NAME=rag-h100-study-1; DB=reports/gpu-h100/study-1/rag-h100-study-1.db ;;
   *) echo "neither card (${GPU:-none}): nothing started" | tee "$STATE/not-h200"; exit 0 ;;
 esac
+# The block's stage must be its card study's: a finalists block (FINALISTS > 0, the finalists' tag
+# carried) on a card whose study still samples would sample it from the wrong tag, and a sampling block
+# on a study done sampling has nothing to run. study_stage.py reads the study file before any setup.
+STAGE=$("$PY" "$(dirname "$0")/study_stage.py" "$DB" "$NAME" "$STUDY_TRIALS" 2>&1) || STAGE="unreadable: $STAGE"
+WANT=sampling; [ "${FINALISTS:-0}" -gt 0 ] && WANT=finalists
+echo "study: $NAME at $STAGE booted; this block: $WANT"
+if [ "${STAGE%% *}" != "$WANT" ]; then
+  echo "stage mismatch: $NAME is at ${STAGE%% *}, the block carries the $WANT stage: nothing started; give the machine back and plan this card's stage (RUNBOOK, \"Two studies, one per card\")" | tee "$STATE/not-h200"
+  exit 0
+fi
 printf 'export FINALISTS=%s REPEATS=%s STRESS=%s VERIFY=%s\n' "${FINALISTS:-0}" "${REPEATS:-0}" "${STRESS:-0}" \
   "${VERIFY:-0}" > "$STATE/block.env"
 cat "$STATE/block.env"

@@ -29,7 +29,8 @@ require_block() {
 # be rewritten by the next call's sync), with the block's stage (begin.sh's block.env) and the study's
 # 18 trials; its output appended to study.log. Arguments: the seconds after which no trial may start,
 # then NAME=VALUE settings for study.sh (STUDY_NAME, and STUDY_DB where the file is to be copied in).
+STUDY_TRIALS=18  # each study's booted trials before its finalists (the RUNBOOK's "--trials 18")
 start_study() {
-  ( . "$STATE/block.env"; exec env "${@:2}" setsid nohup bash "$STATE/study-scripts/study.sh" "$1" 18 \
+  ( . "$STATE/block.env"; exec env "${@:2}" setsid nohup bash "$STATE/study-scripts/study.sh" "$1" "$STUDY_TRIALS" \
       >> "$STATE/study.log" 2>&1 < /dev/null ) &
 }

@@ -15,7 +15,11 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import optuna
+
 from tests.unit.gpu_scripts import GPU_SCRIPTS, load_gpu_script
+from tests.unit.study_files import H100_STUDY, H200_STUDY
+from tuner.fleet.loop import boots_used
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,11 +82,13 @@ def test_the_study_archive_holds_what_a_block_runs_and_leaves_the_bulk_out() -> 
     assert not any(n.startswith(("reports/", "tests/benchmarks/data/")) for n in names)
 
 
-def _gpu_script(name: str, *args: str, root: Path, path: str | None = None) -> subprocess.CompletedProcess[str]:
+def _gpu_script(
+    name: str, *args: str, root: Path, path: str | None = None, stage: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """One of a block's scripts as a device call runs it (from the repository root), with the
-    machine's state under ``root`` instead of /root. A script that waits where it should answer at
-    once fails by the timeout."""
-    env = {**os.environ, "GPU_ROOT": str(root), "OUT": str(root / "out")}
+    machine's state under ``root`` instead of /root and the block's ``stage`` (FINALISTS ...) in its
+    environment. A script that waits where it should answer at once fails by the timeout."""
+    env = {**os.environ, "GPU_ROOT": str(root), "OUT": str(root / "out"), **(stage or {})}
     if path is not None:
         env["PATH"] = path
     return subprocess.run(["bash", str(GPU_SCRIPTS / name), *args], cwd=ROOT, env=env,
@@ -126,3 +132,50 @@ def test_begin_on_neither_card_starts_nothing_and_the_block_answers_skip(tmp_pat
     again = _gpu_script("begin.sh", "400", root=tmp_path, path=path)
     assert again.returncode == 0 and again.stdout.startswith("begun on this machine"), again.stdout + again.stderr
     assert (tmp_path / "state" / "lease.start").read_text() == started
+
+
+def _card(tmp_path: Path, name: str) -> str:
+    """A PATH whose nvidia-smi names ``name``, as the device's does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{name}'\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def test_the_stage_read_on_the_device_counts_the_booted_trials_as_the_search_does() -> None:
+    """study_stage.py runs before the tuner is installed, so it counts with sqlite3 alone; the count
+    must be the search's own (``tuner.fleet.loop.boots_used``) on both study files."""
+    stage = load_gpu_script("study_stage")
+    for name, path, expected in (("rag-h100-study-1", H100_STUDY, "finalists 18"),
+                                 ("rag-h200-study-1", H200_STUDY, "sampling 7")):  # fmt: skip
+        study = optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
+        assert stage.booted_trials(str(path), name) == boots_used(study)
+        assert stage.stage(str(path), name, 18) == expected
+    assert stage.stage("/nonexistent/study.db", "rag-h100-study-1", 18) == "sampling 0"
+    assert stage.booted_trials(str(H100_STUDY), "another-study") == 0
+
+
+def test_a_finalists_block_on_a_card_whose_study_still_samples_starts_nothing(tmp_path: Path) -> None:
+    """A finalists block carries the finalists' tag; its call 1 may get an H200, whose study still
+    samples (7 of 18), and would sample it from that tag instead of gpu-study-1. begin.sh reads the
+    card's study first and starts nothing there, and the block's later calls answer skip."""
+    path = _card(tmp_path, "NVIDIA H200")
+    finalists = {"FINALISTS": "1", "REPEATS": "3", "STRESS": "1", "VERIFY": "1"}
+    begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path, stage=finalists)
+    assert begun.returncode == 0, begun.stdout + begun.stderr
+    assert "study: rag-h200-study-1 at sampling 7 booted; this block: finalists" in begun.stdout
+    assert "stage mismatch" in (tmp_path / "state" / "not-h200").read_text()
+    done = _gpu_script("recv.sh", root=tmp_path, path=path)
+    assert done.returncode == 0 and done.stdout.startswith("skip: stage mismatch"), done.stdout + done.stderr
+    assert not (tmp_path / "state" / "setup.pid").exists() and not (tmp_path / "state" / "study.log").exists()
+
+
+def test_a_sampling_block_on_a_card_whose_study_is_done_sampling_starts_nothing(tmp_path: Path) -> None:
+    path = _card(tmp_path, "NVIDIA H100 80GB HBM3")
+    begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path)
+    assert begun.returncode == 0, begun.stdout + begun.stderr
+    assert "study: rag-h100-study-1 at finalists 18 booted; this block: sampling" in begun.stdout
+    assert "stage mismatch" in (tmp_path / "state" / "not-h200").read_text()
+    assert not (tmp_path / "state" / "study.log").exists()

@@ -1,0 +1,57 @@
+"""Which stage a card's study is at, from its file: ``sampling N`` or ``finalists N`` (N booted trials).
+
+Run by begin.sh on the device before anything is set up (python3 with the standard library only:
+the tuner is not installed yet), so that a block whose stage (FINALISTS) does not match its card's
+study starts nothing: a finalists block whose call 1 gets an H200 would otherwise sample the H200
+study's remaining trials from the finalists' tag, not from ``gpu-study-1``
+(reports/gpu-h200/study-1/RUNBOOK.md, "Two studies, one per card").
+
+A study samples until it has ``TRIALS`` booted trials, counted as ``tuner.fleet.loop.boots_used``
+counts them (COMPLETE, PRUNED or RUNNING, and booted: the ``booted`` attribute, else not screened by
+the memory screen nor a failed stress check's record); tests/unit/test_gpu_transport.py holds the
+two counts equal on both study files. A study with no file yet samples.
+
+    python3 scripts/gpu/study_stage.py STUDY_DB STUDY_NAME TRIALS
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+COUNTED = ("COMPLETE", "PRUNED", "RUNNING")
+NEVER_BOOTED = {"failure": "screened", "config_kind": "stress_check"}  # tuner.study.attrs
+
+
+def booted_trials(db: str, study: str) -> int:
+    """The study's booted trials, read-only from Optuna's tables."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "select t.trial_id, a.key, a.value_json from trials t join studies s using (study_id) "
+            "left join trial_user_attributes a on a.trial_id = t.trial_id "
+            f"where s.study_name = ? and t.state in ({', '.join('?' * len(COUNTED))})",
+            (study, *COUNTED),
+        ).fetchall()
+    finally:
+        con.close()
+    attrs: dict[int, dict[str, object]] = {}
+    for trial_id, key, value in rows:
+        attrs.setdefault(trial_id, {})
+        if key is not None:
+            attrs[trial_id][key] = json.loads(value)
+    return sum(1 for a in attrs.values() if a.get("booted", not any(a.get(k) == v for k, v in NEVER_BOOTED.items())))
+
+
+def stage(db: str, study: str, trials: int) -> str:
+    booted = booted_trials(db, study) if Path(db).is_file() else 0
+    return f"{'finalists' if booted >= trials else 'sampling'} {booted}"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        print("usage: study_stage.py STUDY_DB STUDY_NAME TRIALS", file=sys.stderr)
+        sys.exit(2)
+    print(stage(sys.argv[1], sys.argv[2], int(sys.argv[3])))
