@@ -36,7 +36,8 @@ def test_the_slim_tree_holds_what_a_block_reads_and_leaves_the_bulk_out() -> Non
     slim = set(_slim("files"))
     tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
                   .stdout.splitlines())  # fmt: skip
-    for needed in ("reports/gpu-h200/study-1/rag-h200-study-1.db", "scripts/gpu/study.sh", "scripts/gpu/recv.sh",
+    for needed in ("reports/gpu-h200/study-1/rag-h200-study-1.db", "reports/gpu-h100/study-1/rag-h100-study-1.db",
+                   "scripts/gpu/study.sh", "scripts/gpu/recv.sh", "scripts/gpu/study_stage.py",
                    "scripts/gpu/bundle.sha256", "search_spaces/gpu-h200.yaml", "tuner/__main__.py",
                    "tests/benchmarks/bench_proposal.py", "reports/model_proposal.json"):  # fmt: skip
         assert needed in slim, needed
