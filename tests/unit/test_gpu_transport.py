@@ -20,6 +20,7 @@ import optuna
 from tests.unit.gpu_scripts import GPU_SCRIPTS, load_gpu_script
 from tests.unit.study_files import H100_STUDY, H200_STUDY
 from tuner.fleet.loop import boots_used
+from tuner.study.attrs import SCREENED, STRESS_CHECK_KIND
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,6 +97,16 @@ def _gpu_script(
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
+def _card(tmp_path: Path, name: str) -> str:
+    """A PATH whose nvidia-smi names ``name``, as the device's does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{name}'\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
 def test_a_bare_machine_answers_every_later_call_of_a_block_at_once(tmp_path: Path) -> None:
     """In the H100 study's block 2 the machine that ran call 1 went away after the pieces; the next
     calls got a bare machine and five polls waited out their waits on a study that was not there
@@ -111,12 +122,7 @@ def test_a_bare_machine_answers_every_later_call_of_a_block_at_once(tmp_path: Pa
 def test_begin_on_neither_card_starts_nothing_and_the_block_answers_skip(tmp_path: Path) -> None:
     """begin.sh reads the card: an H200 or an H100 resumes its own study; on any other card nothing
     is set up, and the block's later calls answer skip (not BARE: this is the block's machine)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'NVIDIA A100-SXM4-80GB'\n")
-    smi.chmod(0o755)
-    path = f"{bin_dir}:{os.environ['PATH']}"
+    path = _card(tmp_path, "NVIDIA A100-SXM4-80GB")
     begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path)
     assert begun.returncode == 0, begun.stdout + begun.stderr
     assert "GPU: NVIDIA A100-SXM4-80GB" in begun.stdout
@@ -135,20 +141,11 @@ def test_begin_on_neither_card_starts_nothing_and_the_block_answers_skip(tmp_pat
     assert (tmp_path / "state" / "lease.start").read_text() == started
 
 
-def _card(tmp_path: Path, name: str) -> str:
-    """A PATH whose nvidia-smi names ``name``, as the device's does."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\necho '{name}'\n")
-    smi.chmod(0o755)
-    return f"{bin_dir}:{os.environ['PATH']}"
-
-
 def test_the_stage_read_on_the_device_counts_the_booted_trials_as_the_search_does() -> None:
     """study_stage.py runs before the tuner is installed, so it counts with sqlite3 alone; the count
     must be the search's own (``tuner.fleet.loop.boots_used``) on both study files."""
     stage = load_gpu_script("study_stage")
+    assert stage.NEVER_BOOTED == {"failure": SCREENED, "config_kind": STRESS_CHECK_KIND}  # booted()'s markers
     for name, path, expected in (("rag-h100-study-1", H100_STUDY, "finalists 18"),
                                  ("rag-h200-study-1", H200_STUDY, "sampling 7")):  # fmt: skip
         study = optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
