@@ -8,6 +8,9 @@
   outcomes were known by then (now a look waits for the plan's ``min_requests``), and their monitor,
   which judged the saturation test at every tick (now every ``SATURATION_EVERY_S``).
 - ``EveryTickPlan``: the looks of capacity check 8 (the current ones) with that monitor.
+- ``HalvingPlan``: the search until session 45 (2026-12-07), which, with no decided pass, halved below
+  the lowest rate that did not pass even where every step there leaned to a pass (now it steps down
+  one resolution: ``CapacitySearch._near_knee``).
 - ``WarmTierPlan``: a rule tried and not adopted (2026-12-05): a later tier's search starts from
   every step the earlier tiers served, judged under its own SLO (the tuner's tiers search afresh and
   share a step only where they ask the same rate; ``bench_tier_search`` measures both).
@@ -81,6 +84,25 @@ class PreviousPlan(AnySamplePlan):
 
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
         return PreviousSearch(
+            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
+            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
+        )  # fmt: skip
+
+
+class HalvingSearch(CapacitySearch):
+    """The current search, but with no decided pass it halves below the lowest rate not passed, even
+    one whose steps all leaned to a pass."""
+
+    def _near_knee(self, rate: float) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class HalvingPlan(CapacityPlan):
+    """The current rules with ``HalvingSearch``: the search until session 45."""
+
+    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
+        return HalvingSearch(
             target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
             incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
         )  # fmt: skip

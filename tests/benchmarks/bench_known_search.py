@@ -33,7 +33,13 @@ import numpy as np
 
 from tests.batching_server import TOKENS, batched_rows
 from tests.benchmarks import _report
-from tests.benchmarks._previous_rules import AnySamplePlan, EveryTickPlan, PreviousPlan, saturation_parts
+from tests.benchmarks._previous_rules import (
+    AnySamplePlan,
+    EveryTickPlan,
+    HalvingPlan,
+    PreviousPlan,
+    saturation_parts,
+)
 from tuner.measure.capacity import outcomes_in
 from tuner.measure.rate_steps import CapacityPlan, Measured, search_capacity, watch_offline
 
@@ -81,16 +87,20 @@ def simulate_step(server: Server, rate: float, plan: CapacityPlan, seed: int, ho
     return watch_offline(plan, rate, rows, hold=hold, tick_s=TICK_S, longest=TOKENS[1])  # the server's longest answer
 
 
-def one_search(server: Server, plan: CapacityPlan, seed: int, confirm: bool = True) -> dict[str, Any]:
+def one_search(
+    server: Server, plan: CapacityPlan, seed: int, confirm: bool = True, incumbent: float | None = None
+) -> dict[str, Any]:
     """One search; without ``confirm``, as before claims were served whole: every step reads as served
-    to its end, so the search never serves a rate again."""
+    to its end, so the search never serves a rate again. With ``incumbent``, a finalist's repeat: it
+    starts at that capacity and is never pruned."""
     served: list[Measured] = []
 
     def measure(rate: float, hold: bool = False) -> Measured:
         served.append(simulate_step(server, rate, plan, seed * 1000 + len(served), hold))
         return served[-1] if confirm else replace(served[-1], held=True)
 
-    result = search_capacity(measure, plan).results["interactive"]
+    start = {"interactive": incumbent} if incumbent else None
+    result = search_capacity(measure, plan, start, prune=incumbent is None).results["interactive"]
     return {
         "seed": seed,
         "capacity_req_s": result.capacity_req_s,
@@ -137,6 +147,7 @@ def summary(rule: str, searches: Sequence[dict[str, Any]], at: Callable[[float],
         f"{statistics.median(s['cut'] for s in searches):g}",
         f"{statistics.median(len(s['steps']) for s in searches):g}",
         f"{statistics.median(s['served_s'] for s in searches):.0f}",
+        f"{sum(s['stop_reason'] == 'max_steps' for s in searches)}/{len(searches)}",
     ]  # fmt: skip
 
 
@@ -147,15 +158,18 @@ def main() -> None:
     run_stamp, before = _report.stamp(), _report.machine()
     # rule -> its plan, its saturation cut's parts (None: the current), whether claims are served whole
     rules: dict[str, tuple[CapacityPlan, tuple[int, float] | None, bool]] = {
-        "current": (PLAN, None, True), "capacity check 9": (PLAN, None, False),
+        "current": (PLAN, None, True), "until session 45": (HalvingPlan(**vars(PLAN)), None, True),
+        "capacity check 9": (PLAN, None, False),
         "capacity check 8": (EveryTickPlan(**vars(PLAN)), None, False),
         "capacity check 7": (AnySamplePlan(**vars(PLAN)), None, False),
         "capacity check 6": (PreviousPlan(**vars(PLAN)), (2, 2.0), False),
     }  # fmt: skip
+    # a finalist's repeat starts at its trial's capacity: here each current search's claim, under both
+    repeat_rules = {"current": PLAN, "until session 45": HalvingPlan(**vars(PLAN))}
     header = [
         "rule", "searches", "median req/s", "min", "max", "median / knee", "pairs within 10%",
         "at the claim >= 0.85", "at 1.2x < 0.9", "undecided steps (median)", "steps cut (median)", "steps (median)",
-        "served s (median)",
+        "served s (median)", "stopped on max_steps",
     ]  # fmt: skip
     parts, data = [], {}
     for server in SERVERS:
@@ -169,6 +183,12 @@ def main() -> None:
         for rule, (plan, cut_parts, confirm) in rules.items():
             with saturation_parts(*cut_parts) if cut_parts else nullcontext():
                 runs[rule] = [one_search(server, plan, seed, confirm) for seed in range(args.searches)]
+        claims = [run["capacity_req_s"] for run in runs["current"]]
+        repeats = {
+            f"{rule}, repeats": [one_search(server, plan, 500 + seed, True, claims[seed] or None)
+                                 for seed in range(args.searches)]
+            for rule, plan in repeat_rules.items()
+        }  # fmt: skip
         lives = [float(r["done_s"]) - float(r["sent_s"]) for r in server.served(knee, TRUTH_S, TRUTH_SEEDS[0])]
         curve_md = ", ".join(f"{r:g}: {a:.3f}" for r, a in zip(TRUTH_RATES, curve, strict=True) if 2.0 <= r <= 6.0)
         parts += [
@@ -178,9 +198,14 @@ def main() -> None:
             f"{statistics.median(lives):.1f} s (median). Attainment over {TRUTH_S:g} s runs "
             f"({len(TRUTH_SEEDS)} seeds): {curve_md}. It crosses {PLAN.target:g} at **{knee:.2f} req/s** (the knee).",
             _report.table(header, [summary(rule, runs[rule], at, knee) for rule in rules]),
+            "Repeats: each started at the claim of the *current* search of the same number, as a finalist's "
+            "repeat starts at its trial's capacity, never pruned, on seeds of their own; the two rules share them.",
+            _report.table(header, [summary(rule, found, at, knee) for rule, found in repeats.items()]),
         ]
         curve_by_rate = dict(zip(map(str, TRUTH_RATES), curve, strict=True))
-        data[server.name] = {"server": vars(server), "knee_req_s": knee, "curve": curve_by_rate, "runs": runs}
+        data[server.name] = {
+            "server": vars(server), "knee_req_s": knee, "curve": curve_by_rate, "runs": {**runs, **repeats},
+        }  # fmt: skip
     after = _report.machine()
     markdown = "\n\n".join([
         "## The search on a known server (`bench_known_search`)",
@@ -201,7 +226,10 @@ def main() -> None:
         "undecided step a fail, and the cut on growth over each half. The columns *at the claim* and *at 1.2x* "
         "read the server's long-run "
         "curve at each search's claim: the engine client's goal (no more than 5 points under the target at "
-        "the claim, under it at 1.2x).",
+        "the claim, under it at 1.2x). *until session 45*: the current rules, but with no decided pass the search "
+        "halved below the lowest rate not passed even where every step there leaned to a pass (now it steps "
+        "down one resolution; a finalist's repeat on the H100 stopped on its step limit that way: "
+        "[gpu-h100/study-1/block12/NOTES.md](gpu-h100/study-1/block12/NOTES.md)).",
         *parts,
         "Goal (issue 24): two searches within 10 % of each other; at the claim no more than 5 points under "
         "the target, and under it at 1.2x. Every search's steps are in `reports/capacity.json` under `known_search`.",

@@ -30,3 +30,13 @@ def recorded_attrs(db: Path) -> dict[int, dict[str, Any]]:
     for number, key, value in rows:
         out.setdefault(number, {})[key] = json.loads(value)
     return out
+
+
+def recorded_study_attrs(db: Path) -> dict[str, Any]:
+    """The study's own user attributes (its capacity plan, finalists' runs, verdict), read-only."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("select key, value_json from study_user_attributes").fetchall()
+    finally:
+        con.close()
+    return {key: json.loads(value) for key, value in rows}

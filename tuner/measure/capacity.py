@@ -659,7 +659,16 @@ class CapacitySearch:
         lowest = lowest_not_passed(self.judged())
         assert lowest is not None  # steps were measured and none passed
         floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
-        return (lowest / 2, None) if lowest / 2 >= floor * (1 - 1e-9) else (None, "no_capacity")
+        rate = lowest / (1 + self.resolution) if self._near_knee(lowest) else lowest / 2
+        return (rate, None) if rate >= floor * (1 - 1e-9) else (None, "no_capacity")
+
+    def _near_knee(self, rate: float) -> bool:
+        """Whether every step the search reads at ``rate`` leans to a pass (``leans_pass``): the knee is
+        then within a resolution below it, so the search steps down by one (a pass there resolves the
+        bracket) rather than halving and spending its steps climbing back. A finalist's repeat that
+        halved below two such steps stopped on ``max_steps`` far under them
+        (reports/gpu-h100/study-1/block12/NOTES.md)."""
+        return all(leans_pass(s, self.target) for s in self.judged() if s.rate_req_s == rate and not s.passed)
 
     def result(self) -> CapacityResult:
         reason = self.stop_reason or "unfinished"

@@ -29,6 +29,7 @@ import optuna
 
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config
+from tuner.errors import ConfigError
 from tuner.measure.statistics import interval
 from tuner.measure.stress import judge as judge_stress
 from tuner.measure.trial import TrialContext, TrialResult, run_trial
@@ -114,11 +115,40 @@ def _runs(
 
 
 def _stored(study: optuna.Study, trial: optuna.trial.FrozenTrial, result: TrialResult, repeat: int) -> dict[str, Any]:
-    """A repeat as the study keeps it (what ``_summary`` reads), appended to the finalist's runs."""
+    """A repeat as the study keeps it (what ``_summary`` reads), appended to the finalist's runs. A
+    capacity repeat keeps its search per tier (steps, bracket, why it stopped) without the request
+    rows, which the trial alone keeps: a repeat's figure is read with how it was reached."""
     run = {"repeat": repeat, "failure": result.failure, "ttft_samples_ms": list(result.ttft_samples_ms),
            "metrics": {m: result.metrics[m] for m in REPORTED if m in result.metrics}}  # fmt: skip
+    if result.capacity is not None:
+        run["capacity"] = {k: v for k, v in result.capacity.items() if k != "measured"}
     stored = dict(study_attrs_of(study).get("finalist_runs") or {})
     stored[str(trial.number)] = [*(stored.get(str(trial.number)) or []), run]
+    study.set_user_attr("finalist_runs", stored)
+    return run
+
+
+def withdraw_repeat(study: optuna.Study, number: int, repeat: int, reason: str) -> dict[str, Any]:
+    """Take trial ``number``'s last stored repeat out of its runs, so that a resumed search runs it
+    again, and keep it with ``reason`` under ``finalist_runs_withdrawn``. For a repeat that a fault of
+    the tuner measured, once the fault is fixed where the finalists run; the reason says which. Only
+    before the verdict (which reads the runs), and only the last repeat, so the repeats stay numbered
+    in order. A stress check that rode on it stays recorded."""
+    attrs = study_attrs_of(study)
+    if attrs.get("verdict") is not None:
+        raise ConfigError("the finalists' verdict is stored: a repeat is withdrawn only before it")
+    if not reason.strip():
+        raise ConfigError("withdrawing a repeat needs its reason")
+    stored = dict(attrs.get("finalist_runs") or {})
+    runs = list(stored.get(str(number)) or [])
+    if not runs or runs[-1].get("repeat") != repeat:
+        last = runs[-1].get("repeat") if runs else None
+        raise ConfigError(f"trial {number}: repeat {repeat} is not its last stored repeat ({last})")
+    run = runs.pop()
+    stored[str(number)] = runs
+    withdrawn = dict(attrs.get("finalist_runs_withdrawn") or {})
+    withdrawn[str(number)] = [*(withdrawn.get(str(number)) or []), {**run, "withdrawn": reason.strip()}]
+    study.set_user_attr("finalist_runs_withdrawn", withdrawn)
     study.set_user_attr("finalist_runs", stored)
     return run
 

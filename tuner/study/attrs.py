@@ -96,6 +96,8 @@ class StudyAttrs(TypedDict, total=False):
     finalists: list[dict[str, Any]]
     # each finalist's fresh-boot repeats as they ended, by trial number (a resumed search runs the rest)
     finalist_runs: dict[str, list[dict[str, Any]]]
+    # repeats taken out of finalist_runs, each with why (tuner.search.finalists.withdraw_repeat)
+    finalist_runs_withdrawn: dict[str, list[dict[str, Any]]]
     verdict: dict[str, Any]
     stress: dict[str, dict[str, Any]]
     gpu_price_usd_per_hour: float  # tuner search --gpu-price (tuner.study.cost)

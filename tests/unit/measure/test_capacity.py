@@ -478,6 +478,54 @@ def test_a_capacity_is_always_a_decided_pass_below_an_undecided_top() -> None:
     assert any(s.rate_req_s > 4.5 for s in result.steps), "the search looked above the undecided steps"
 
 
+BLOCK12_LOG = Path(__file__).resolve().parents[3] / "reports" / "gpu-h100" / "study-1" / "block12" / "search.log"
+
+
+def test_a_repeat_with_no_decided_pass_steps_down_one_resolution_below_its_undecided_steps() -> None:
+    """The vLLM defaults' second repeat on the H100 (block 12): its own capacity 6.34 and the 6.65 it
+    bisected to were undecided at 95 % and 92 % (leaning to a pass), the claim at 6.98 a look had passed
+    was refuted served whole (90 % printed, under the target), and no rate had a decided pass. The
+    search halved to 3.17, climbed back in three passing steps and stopped on ``max_steps`` at 5.33.
+    Now it steps down one resolution below the lowest such step, and a pass there resolves it."""
+    logged = [float(m.group(1)) for m in re.finditer(r"interactive: ([\d.]+) req/s", BLOCK12_LOG.read_text())]
+    second = logged[logged.index(14.0, 5) - 2 :]  # the second repeat's interactive steps, from its incumbent
+    cut = {"collapsed": True}
+    outcomes = [  # the log's lines, in order (tests the path the search took up to its halving)
+        (0.95, "undecided", 0.89, 0.97, {}),
+        (1.00, "pass", 0.94, 1.00, {"held": False}),
+        (0.00, "undecided", 0.00, 1.00, {"cut_reason": "collapsed", **cut}),
+        (0.00, "undecided", 0.00, 1.00, {"cut_reason": "collapsed", **cut}),
+        (0.76, "undecided", 0.49, 0.92, {"cut_reason": "saturated"}),
+        (0.73, "undecided", 0.46, 0.90, {}),
+        (0.897, "undecided", 0.80, 0.95, {}),  # the confirmation: "90 %" in the log, refuted, so under 0.9
+        (0.92, "undecided", 0.85, 0.96, {}),
+    ]
+    incumbent = 6.342437946681179  # the trial's own capacity (study file, trial 0)
+    search = CapacitySearch(target=0.9, resolution=0.1, incumbent=incumbent, max_steps=10, prune=False)
+    for (attainment, decision, low, high, extra), rate_logged in zip(outcomes, second, strict=False):
+        rate = search.next_rate()
+        assert rate is not None and rate == pytest.approx(rate_logged, rel=0.006)  # printed to 3 figures
+        search.record(replace(decided_step(rate, attainment, decision, low, high), **extra))
+    assert [round(r, 2) for r in second[8:11]] == [3.17, 4.48, 5.33], "the halving the repeat took"
+    down = search.next_rate()
+    assert down == pytest.approx(incumbent / 1.1)
+    search.record(decided_step(down, 0.99, "pass", 0.95, 1.0))
+    mid = search.next_rate()
+    assert mid == pytest.approx(math.sqrt(down * incumbent))
+    search.record(decided_step(mid, 0.97, "pass", 0.92, 0.99))
+    assert search.next_rate() is None
+    result = search.result()
+    assert (result.stop_reason, result.capacity_req_s) == ("resolved", mid)
+    assert result.bracket_req_s == (mid, incumbent) and search.measured <= 10
+
+
+def test_with_no_pass_below_a_decided_fail_the_search_still_halves() -> None:
+    search = CapacitySearch(target=0.9, resolution=0.1, incumbent=5.0, prune=False)
+    search.record(decided_step(5.0, 0.95, "undecided", 0.88, 0.98))  # leans, but a fail lies below it
+    search.record(decided_step(4.0, 0.5, "fail"))
+    assert search.next_rate() == 2.0
+
+
 def test_an_undecided_incumbent_is_rescued_below_it_before_it_is_pruned() -> None:
     search = CapacitySearch(target=0.9, resolution=0.1, incumbent=5.0)
     assert search.next_rate() == 5.0

@@ -11,6 +11,7 @@ import pytest
 
 from tests.unit.study_files import H100_STUDY
 from tuner.engines.base import Config, Device, LaunchSpec, ModelSpec
+from tuner.errors import ConfigError
 from tuner.measure.rate_steps import CapacityPlan
 from tuner.measure.trial import TrialContext, TrialResult
 from tuner.progress import Quiet
@@ -178,8 +179,9 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     """A dry run of the H100 study's finalists stage on a copy of its file (reports/gpu-h100.md), with
     scripted runs in place of the engines: both engines' defaults first (trials 0 and 6), then the best
     of both tiers (trial 8), three fresh boots each at its recorded config, each started at its own
-    capacities, the stress check on the third; a lease that ends after four boots leaves those stored,
-    and the next block boots only the five missing."""
+    capacities, the stress check on the third. Block 12 stored the default's first repeat (its second
+    was withdrawn: block12/NOTES.md), so the stage goes on from the default's second; a lease that ends
+    after four boots leaves those stored, and the next block boots only the four missing."""
     copy = tmp_path / "study.db"
     copy.write_bytes(H100_STUDY.read_bytes())
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
@@ -196,7 +198,7 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
             raise KeyboardInterrupt("finish.sh: SIGTERM")
         attrs = recorded[number]
         assert config.engine == attrs["engine"] and dict(config.params) == attrs["config"]
-        metrics = {k: v for k, v in attrs["metrics"].items() if k.startswith("capacity_")}
+        metrics = dict(attrs["metrics"])  # a repeat reports what its trial did (block 12's stored one too)
         assert hint == {"incumbents": {t: metrics[f"capacity_{t}_req_s"] for t in tiers}, "prune": False}
         booted.append((number, repeat, stress))
         result = TrialResult(config, SPEC, str(attrs["engine_version"]), metrics=metrics)
@@ -209,15 +211,60 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     monkeypatch.setattr(finalists, "run_trial", run)
     with pytest.raises(KeyboardInterrupt):
         finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(0, 1, False), (0, 2, False), (0, 3, True), (6, 1, False)]
+    assert booted == [(0, 2, False), (0, 3, True), (6, 1, False), (6, 2, False)]
     stored = study.user_attrs["finalist_runs"]
-    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 1} and list(study.user_attrs["stress"]) == [
+    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 2} and list(study.user_attrs["stress"]) == [
         "0"
     ]
+    assert [r["repeat"] for r in stored["0"]] == [1, 2, 3]
     lease_ends_after[0] = None
     booted.clear()
     verdict = finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(6, 2, False), (6, 3, True), (8, 1, False), (8, 2, False), (8, 3, True)]
+    assert booted == [(6, 3, True), (8, 1, False), (8, 2, False), (8, 3, True)]
     assert [f["trial"] for f in study.user_attrs["finalists"]] == [0, 6, 8]
     assert sorted(study.user_attrs["stress"]) == ["0", "6", "8"] and verdict["stress_failed"] == []
     assert set(verdict["by_metric"]) == {"capacity_interactive_req_s", "capacity_relaxed_req_s"}
+
+
+def test_a_repeat_keeps_its_search_and_a_withdrawn_repeat_runs_again(
+    study: optuna.Study, ctx: TrialContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each repeat keeps its capacity search (without the request rows the trial keeps), so a figure
+    reached on ``max_steps`` is told from one resolved; a repeat a fault of the tuner measured is
+    withdrawn with its reason, kept apart, and the next run of the stage boots it again."""
+    booted: list[tuple[int, int | None]] = []
+    faulty = [True]  # the tuner's fault, until it is fixed
+
+    def run(number: int, config: Config, ctx: TrialContext, repeat: int | None = None, stress: bool = False,
+            **kw: Any) -> TrialResult:  # fmt: skip
+        booted.append((number, repeat))
+        result = _scripted(number, config, ctx, repeat, stress, **kw)
+        stop = "max_steps" if (number, repeat) == (0, 2) and faulty[0] else "resolved"
+        result.capacity = {"tiers": {"interactive": {"stop_reason": stop, "steps": [{"rate_req_s": 1.0}]}},
+                           "measured": [{"rows": [[0.0, 0.1, 1.0]]}], "steps_measured": 1}  # fmt: skip
+        return result
+
+    monkeypatch.setattr(finalists, "run_trial", run)
+    finalists._runs(study, study.trials[0], 2, ctx, True, False)  # the default's repeats, before any verdict
+    runs = study.user_attrs["finalist_runs"]["0"]
+    assert [r["capacity"]["tiers"]["interactive"]["stop_reason"] for r in runs] == ["resolved", "max_steps"]
+    assert all("measured" not in r["capacity"] and r["capacity"]["steps_measured"] == 1 for r in runs)
+
+    with pytest.raises(ConfigError, match="not its last stored repeat"):
+        finalists.withdraw_repeat(study, 0, 1, "a fault")
+    with pytest.raises(ConfigError, match="reason"):
+        finalists.withdraw_repeat(study, 0, 2, " ")
+    taken = finalists.withdraw_repeat(study, 0, 2, "the search halved below undecided steps (fixed)")
+    assert taken["repeat"] == 2 and [r["repeat"] for r in study.user_attrs["finalist_runs"]["0"]] == [1]
+    kept = study.user_attrs["finalist_runs_withdrawn"]["0"]
+    assert [(r["repeat"], r["withdrawn"]) for r in kept] == [(2, "the search halved below undecided steps (fixed)")]
+
+    faulty[0] = False
+    booted.clear()
+    finalists.run_finalists(study, k=1, n=2, ctx=ctx, enforce_eager=True, stress=False)
+    assert booted[0] == (0, 2), "the withdrawn repeat boots again, under its own number"
+    assert [r["capacity"]["tiers"]["interactive"]["stop_reason"] for r in study.user_attrs["finalist_runs"]["0"]] == [
+        "resolved", "resolved",
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="verdict"):
+        finalists.withdraw_repeat(study, 0, 2, "too late")
