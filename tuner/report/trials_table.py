@@ -39,15 +39,24 @@ def _number(value: object, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, int | float) else "-"
 
 
-def _repeats(finalist: dict[str, Any] | None, metric: str) -> str:
-    if finalist is None:
-        return "-"
-    stats = (finalist.get("stats") or {}).get(metric)
-    failures = finalist.get("failures") or []
-    failed = f" ({len(failures)} failed)" if failures else ""
-    if stats is None:
-        return "all failed" + failed
-    return f"{interval_text(stats)} n={stats['n']}{failed}"
+def _repeats(finalist: dict[str, Any] | None, metric: str, runs: list[dict[str, Any]], withdrawn: int) -> str:
+    """The finalist's summary once the stage has ended; while it runs (it may span GPU leases), the
+    repeats stored so far; and how many were withdrawn (``withdraw_repeat``)."""
+    if finalist is not None:
+        stats = (finalist.get("stats") or {}).get(metric)
+        counts = _counts(failed=len(finalist.get("failures") or []), withdrawn=withdrawn)
+        return ("all failed" if stats is None else f"{interval_text(stats)} n={stats['n']}") + counts
+    if not runs:
+        return "-" + _counts(withdrawn=withdrawn)
+    served = [r["metrics"][metric] for r in runs if r.get("failure") is None and metric in (r.get("metrics") or {})]
+    figures = ", ".join(format(v, ".3g") for v in served) or "none served"
+    return f"so far {figures}" + _counts(runs=len(runs), failed=len(runs) - len(served), withdrawn=withdrawn)
+
+
+def _counts(runs: int = 0, failed: int = 0, withdrawn: int = 0) -> str:
+    said = [f"{runs} run{'' if runs == 1 else 's'}"] if runs else []
+    said += [f"{n} {what}" for n, what in ((failed, "failed"), (withdrawn, "withdrawn")) if n]
+    return f" ({', '.join(said)})" if said else ""
 
 
 def _status(attrs: dict[str, Any]) -> str:
@@ -99,7 +108,9 @@ def study_price(study: optuna.Study, given: float | None = None) -> float | None
 
 def trial_rows(study: optuna.Study, price: float | None = None) -> list[tuple[str, ...]]:
     front = {t.number for t in feasible_pareto(study)}
-    finalists = {f.get("trial"): f for f in study_attrs_of(study).get("finalists", []) if isinstance(f, dict)}
+    attrs_of_study = study_attrs_of(study)
+    finalists = {f.get("trial"): f for f in attrs_of_study.get("finalists", []) if isinstance(f, dict)}
+    runs, withdrawn = attrs_of_study.get("finalist_runs") or {}, attrs_of_study.get("finalist_runs_withdrawn") or {}
     capacity = is_capacity_study(study)
     names = [t.name for t in tiers(study)] if capacity else []
     said = names[:1] if capacity and has_predictions(study) else []  # the objective tier's, before the boot
@@ -121,7 +132,8 @@ def trial_rows(study: optuna.Study, price: float | None = None) -> list[tuple[st
         if accept:
             measured = (*measured, acceptance_cell(attrs))
         rows.append((f"{t.number}{mark}", t.state.name, _status(attrs), *measured,
-                     _repeats(finalists.get(t.number), metric), _params(t)))  # fmt: skip
+                     _repeats(finalists.get(t.number), metric, runs.get(str(t.number)) or [],
+                              len(withdrawn.get(str(t.number)) or [])), _params(t)))  # fmt: skip
     return rows
 
 
@@ -167,6 +179,9 @@ def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:
         priced = f" at ${price:g}/GPU-hour" if price is not None else " (--gpu-price to price them)"
         lines.append(f"tok/s/GPU: output tokens per second per GPU at the {first} tier's capacity{priced}")
     lines.append(search_effort(study))
+    withdrawn = study_attrs_of(study).get("finalist_runs_withdrawn") or {}
+    lines += [f"trial {n}: repeat {r.get('repeat')} withdrawn ({r.get('withdrawn')})"
+              for n, runs in withdrawn.items() for r in runs]  # fmt: skip
     if verdict is not None:
         lines.append(describe_verdict(verdict))
     return "\n".join(lines)

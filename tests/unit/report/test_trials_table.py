@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import optuna
 
+from tests.unit.study_files import H100_STUDY
 from tuner.report.trials_table import trials_table
 
 
@@ -100,3 +101,14 @@ def test_a_pruned_tier_shows_the_bracket_below_which_nothing_passed() -> None:
     assert capacity_cell(trial, "relaxed") == "5.99<6.44"
     assert capacity_cell(trial, "no_bracket") == "0"
     assert capacity_cell(trial, "absent") == "-"
+
+
+def test_the_finalists_repeats_so_far_and_a_withdrawn_one_show_while_the_stage_spans_leases() -> None:
+    """The H100 study's file after block 12: vLLM's defaults (trial 0) have one repeat stored and one
+    withdrawn, and no verdict yet (reports/gpu-h100/study-1/block12/NOTES.md)."""
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
+    table = trials_table(study)
+    assert "so far 6.65 (1 run, 1 withdrawn)" in " ".join(_row(table, 0)), "repeat 1's interactive capacity"
+    assert "so far" not in " ".join(_row(table, 8)), "trial 8 has no repeat yet"
+    withdrawn = [line for line in table.splitlines() if line.startswith("trial 0: repeat 2 withdrawn (")]
+    assert len(withdrawn) == 1 and "max_steps at 5.33" in withdrawn[0]
