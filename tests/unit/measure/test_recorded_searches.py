@@ -1,7 +1,8 @@
 """Main's capacity search against every search the committed GPU studies ran: fed each recorded step
 in turn, it must propose the rates the study served and stop where the study stopped. A study spans
-sessions on its tag while main's search changes; this holds main's changes to those that would not
-have searched the recorded trials otherwise (a change that would, fails here, naming the trial)."""
+sessions on its tag while main's search changes, and its finalists' tag may move only past changes
+that would not have searched its recorded trials otherwise (the RUNBOOK, "Retaken in session 45"):
+a change that would fails here, naming the trial. While a study runs, such a change waits for it."""
 
 from __future__ import annotations
 
