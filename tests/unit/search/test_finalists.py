@@ -4,6 +4,9 @@ run of the H100 study's finalists stage on a copy of its file."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -268,3 +271,21 @@ def test_a_repeat_keeps_its_search_and_a_withdrawn_repeat_runs_again(
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="verdict"):
         finalists.withdraw_repeat(study, 0, 2, "too late")
+
+
+def test_the_withdraw_script_takes_the_last_repeat_from_a_study_file(tmp_path: Any) -> None:
+    """scripts/gpu/withdraw_repeat.py on a copy of the H100 study's file: trial 0 keeps repeat 1 after
+    block 12, so that is its last; another repeat number is refused with exit 2, and so is bad usage."""
+    script = Path(__file__).resolve().parents[3] / "scripts" / "gpu" / "withdraw_repeat.py"
+    copy = tmp_path / "study.db"
+    copy.write_bytes(H100_STUDY.read_bytes())
+    run = [sys.executable, str(script), str(copy), "rag-h100-study-1", "0"]
+    refused = subprocess.run([*run, "2", "gone already"], capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and "repeat 2 is not its last stored repeat (1)" in refused.stderr
+    usage = subprocess.run(run, capture_output=True, text=True, check=False)
+    assert usage.returncode == 2 and "withdraw_repeat.py DB STUDY TRIAL REPEAT REASON" in usage.stderr
+    done = subprocess.run([*run, "1", "a test"], capture_output=True, text=True, check=True)
+    assert "trial 0: repeat 1 withdrawn (a test)" in done.stdout
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
+    assert study.user_attrs["finalist_runs"]["0"] == []
+    assert [r["repeat"] for r in study.user_attrs["finalist_runs_withdrawn"]["0"]] == [2, 1]
