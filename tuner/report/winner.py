@@ -1,7 +1,8 @@
 """Whose launch command the report shows: the verdict's winner, both sides of a tie, or why there is none.
 
-With no verdict (no finalist repeats ran) the best feasible trial stands in: the highest capacity in a
-capacity study, else the last trial of the feasible Pareto front, and the sentence says so.
+With no verdict (no finalist repeats ran, or they are still under way: on a GPU they span leases)
+the best feasible trial stands in: the highest capacity in a capacity study, else the last trial of
+the feasible Pareto front, and the sentence says so.
 """
 
 from __future__ import annotations
@@ -19,12 +20,20 @@ Trial = optuna.trial.FrozenTrial
 
 def launch_choice(study: optuna.Study) -> tuple[str, list[Trial]]:
     """A sentence naming the winner (or saying why there is none) and the trials whose commands to show."""
-    verdict: Any = study_attrs_of(study).get("verdict")
+    attrs = study_attrs_of(study)
+    verdict: Any = attrs.get("verdict")
     if not isinstance(verdict, dict) or not verdict.get("kind"):
         best = _best_feasible(study)
         if best is None:
             return "no winner: no feasible trial", []
-        return f"no finalist repeats ran: trial {best.number} is the best feasible trial", [best]
+        stored = sum(len(runs) for runs in (attrs.get("finalist_runs") or {}).values())
+        withdrawn = sum(len(runs) for runs in (attrs.get("finalist_runs_withdrawn") or {}).values())
+        if stored or withdrawn:
+            also = f", {withdrawn} withdrawn" if withdrawn else ""
+            why = f"no verdict yet: the finalists' repeats are under way ({stored} stored{also})"
+        else:
+            why = "no finalist repeats ran"
+        return f"{why}: trial {best.number} is the best feasible trial", [best]
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     named = [n for n in verdict.get("trials") or [] if isinstance(n, int)]
     shown = [trials[n] for n in named if n in trials]

@@ -6,6 +6,7 @@ import optuna
 
 from tests.unit.study_files import H100_STUDY
 from tuner.report.trials_table import trials_table
+from tuner.report.winner import launch_choice
 
 
 def _row(table: str, number: int) -> list[str]:
@@ -112,3 +113,14 @@ def test_the_finalists_repeats_so_far_and_a_withdrawn_one_show_while_the_stage_s
     assert "so far" not in " ".join(_row(table, 8)), "trial 8 has no repeat yet"
     withdrawn = [line for line in table.splitlines() if line.startswith("trial 0: repeat 2 withdrawn (")]
     assert len(withdrawn) == 1 and "max_steps at 5.33" in withdrawn[0]
+
+
+def test_the_reports_launch_sentence_says_the_repeats_are_under_way() -> None:
+    """With repeats stored and no verdict yet, the report does not say no repeat ran."""
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
+    sentence, shown = launch_choice(study)
+    assert sentence == (
+        "no verdict yet: the finalists' repeats are under way (1 stored, 1 withdrawn): "
+        "trial 8 is the best feasible trial"
+    )
+    assert [t.number for t in shown] == [8]
