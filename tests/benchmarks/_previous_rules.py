@@ -11,6 +11,10 @@
 - ``HalvingPlan``: the search until session 45 (2026-12-07), which, with no decided pass, halved below
   the lowest rate that did not pass even where every step there leaned to a pass (now it steps down
   one resolution: ``CapacitySearch._near_knee``).
+- ``LeaningTopPlan``: a rule tried and not adopted yet (2026-12-07): where the bracket's top (the
+  lowest rate above the capacity not passed) leaned to a pass, step one resolution below it rather
+  than bisect, since the knee is at or above it. Not adopted while the GPU studies' finalists run:
+  it would search their recorded trials otherwise (tests/unit/measure/test_recorded_searches.py).
 - ``WarmTierPlan``: a rule tried and not adopted (2026-12-05): a later tier's search starts from
   every step the earlier tiers served, judged under its own SLO (the tuner's tiers search afresh and
   share a step only where they ask the same rate; ``bench_tier_search`` measures both).
@@ -103,6 +107,26 @@ class HalvingPlan(CapacityPlan):
 
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
         return HalvingSearch(
+            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
+            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
+        )  # fmt: skip
+
+
+class LeaningTopSearch(CapacitySearch):
+    """The current search, but below a bracket's top that leaned to a pass it steps one resolution
+    down (never below the bisection's midpoint) rather than to the midpoint."""
+
+    def _between(self, best: float, upper: float) -> float:
+        midpoint = super()._between(best, upper)
+        return max(upper / (1 + self.resolution), midpoint) if self._near_knee(upper) else midpoint
+
+
+@dataclass(frozen=True)
+class LeaningTopPlan(CapacityPlan):
+    """The current rules with ``LeaningTopSearch``: a candidate, not adopted yet."""
+
+    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
+        return LeaningTopSearch(
             target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
             incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
         )  # fmt: skip

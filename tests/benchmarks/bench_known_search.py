@@ -37,6 +37,7 @@ from tests.benchmarks._previous_rules import (
     AnySamplePlan,
     EveryTickPlan,
     HalvingPlan,
+    LeaningTopPlan,
     PreviousPlan,
     saturation_parts,
 )
@@ -159,13 +160,17 @@ def main() -> None:
     # rule -> its plan, its saturation cut's parts (None: the current), whether claims are served whole
     rules: dict[str, tuple[CapacityPlan, tuple[int, float] | None, bool]] = {
         "current": (PLAN, None, True), "until session 45": (HalvingPlan(**vars(PLAN)), None, True),
+        "candidate: below a leaning top": (LeaningTopPlan(**vars(PLAN)), None, True),
         "capacity check 9": (PLAN, None, False),
         "capacity check 8": (EveryTickPlan(**vars(PLAN)), None, False),
         "capacity check 7": (AnySamplePlan(**vars(PLAN)), None, False),
         "capacity check 6": (PreviousPlan(**vars(PLAN)), (2, 2.0), False),
     }  # fmt: skip
     # a finalist's repeat starts at its trial's capacity: here each current search's claim, under both
-    repeat_rules = {"current": PLAN, "until session 45": HalvingPlan(**vars(PLAN))}
+    repeat_rules = {
+        "current": PLAN, "until session 45": HalvingPlan(**vars(PLAN)),
+        "candidate: below a leaning top": LeaningTopPlan(**vars(PLAN)),
+    }  # fmt: skip
     header = [
         "rule", "searches", "median req/s", "min", "max", "median / knee", "pairs within 10%",
         "at the claim >= 0.85", "at 1.2x < 0.9", "undecided steps (median)", "steps cut (median)", "steps (median)",
@@ -229,7 +234,10 @@ def main() -> None:
         "the claim, under it at 1.2x). *until session 45*: the current rules, but with no decided pass the search "
         "halved below the lowest rate not passed even where every step there leaned to a pass (now it steps "
         "down one resolution; a finalist's repeat on the H100 stopped on its step limit that way: "
-        "[gpu-h100/study-1/block12/NOTES.md](gpu-h100/study-1/block12/NOTES.md)).",
+        "[gpu-h100/study-1/block12/NOTES.md](gpu-h100/study-1/block12/NOTES.md)); *candidate: below a leaning "
+        "top*, not adopted yet: the current rules, but where the bracket's top (the lowest rate above the "
+        "capacity not passed) leaned to a pass, the next rate is one resolution below it (never below the "
+        "bisection's midpoint) rather than the midpoint.",
         *parts,
         "Goal (issue 24): two searches within 10 % of each other; at the claim no more than 5 points under "
         "the target, and under it at 1.2x. Every search's steps are in `reports/capacity.json` under `known_search`.",

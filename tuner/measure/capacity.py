@@ -652,7 +652,7 @@ class CapacitySearch:
                 return None, "max_rate"
             if (upper - best) / best <= self.resolution:
                 return None, "resolved"
-            return math.sqrt(best * upper), None
+            return self._between(best, upper), None
         if self.incumbent is not None and self.prune:  # nothing passed below the incumbent: one rescue probe
             rescued = any(s.rate_req_s < self.incumbent for s in self.steps)
             return (None, "pruned") if rescued else (PRUNE_SHARE * self.incumbent, None)
@@ -661,6 +661,11 @@ class CapacitySearch:
         floor = min(self.start_rate, self.incumbent or self.start_rate) / FLOOR_DIVISOR
         rate = lowest / (1 + self.resolution) if self._near_knee(lowest) else lowest / 2
         return (rate, None) if rate >= floor * (1 - 1e-9) else (None, "no_capacity")
+
+    def _between(self, best: float, upper: float) -> float:
+        """The next rate inside the bracket (the capacity, the lowest rate above it not passed): its
+        geometric midpoint. (tests/benchmarks/_previous_rules.py runs a candidate that differs here.)"""
+        return math.sqrt(best * upper)
 
     def _near_knee(self, rate: float) -> bool:
         """Whether every step the search reads at ``rate`` leans to a pass (``leans_pass``): the knee is
