@@ -86,11 +86,7 @@ class AnySamplePlan(CapacityPlan):
 class PreviousPlan(AnySamplePlan):
     """The search of capacity check 6 (``PreviousSearch``), with its looks on any sample."""
 
-    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
-        return PreviousSearch(
-            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
-            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
-        )  # fmt: skip
+    search_rule = PreviousSearch
 
 
 class HalvingSearch(CapacitySearch):
@@ -105,11 +101,7 @@ class HalvingSearch(CapacitySearch):
 class HalvingPlan(CapacityPlan):
     """The current rules with ``HalvingSearch``: the search until session 45."""
 
-    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
-        return HalvingSearch(
-            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
-            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
-        )  # fmt: skip
+    search_rule = HalvingSearch
 
 
 class LeaningTopSearch(CapacitySearch):
@@ -125,11 +117,7 @@ class LeaningTopSearch(CapacitySearch):
 class LeaningTopPlan(CapacityPlan):
     """The current rules with ``LeaningTopSearch``: a candidate, not adopted yet."""
 
-    def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
-        return LeaningTopSearch(
-            target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
-            incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
-        )  # fmt: skip
+    search_rule = LeaningTopSearch
 
 
 @dataclass(frozen=True)

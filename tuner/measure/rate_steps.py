@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -91,6 +91,8 @@ class CapacityPlan:
     seed: int = 0
     step_limit: int = 3  # an undecided step goes on up to this many times its minimum, looking once per minimum
     confidence: float = CONFIDENCE  # the chance a decided step is decided right, over all its looks
+    # the search each tier runs (tests/benchmarks/_previous_rules.py puts earlier rules here)
+    search_rule: ClassVar[type[CapacitySearch]] = CapacitySearch
 
     @property
     def z(self) -> float:
@@ -117,7 +119,7 @@ class CapacityPlan:
         return SATURATION_EVERY_S
 
     def search(self, incumbent: float | None, prune: bool) -> CapacitySearch:
-        return CapacitySearch(
+        return self.search_rule(
             target=self.target, resolution=self.resolution, start_rate=self.start_rate, growth=self.growth,
             incumbent=incumbent, max_steps=self.max_steps, max_rate=self.max_rate, prune=prune,
         )  # fmt: skip
