@@ -39,6 +39,7 @@ fi
 printf 'export FINALISTS=%s REPEATS=%s STRESS=%s VERIFY=%s\n' "${FINALISTS:-0}" "${REPEATS:-0}" "${STRESS:-0}" \
   "${VERIFY:-0}" > "$STATE/block.env"
 cat "$STATE/block.env"
+bash "$(dirname "$0")/caches.sh" unpack ".gpubundle/$(cache_pack "$NAME")"  # this study's last block's
 bash "$(dirname "$0")/recv.sh"
 # study.sh runs from a copy: a running bash script must not be rewritten by the next call's sync
 rm -rf "$STATE/study-scripts"; cp -r "$(dirname "$0")" "$STATE/study-scripts"

@@ -175,7 +175,7 @@ done
 log "ready after $(( $(date +%s) - t0 )) s: $(tail -1 "$STATE/vllm.probe")"
 
 cd "$RUN" || exit 1
-CACHE=$STATE/cache; mkdir -p "$CACHE"
+mkdir -p "$CACHE"
 export XDG_CACHE_HOME=$CACHE VLLM_CACHE_ROOT=$CACHE/vllm TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor \
   TRITON_CACHE_DIR=$CACHE/triton FLASHINFER_WORKSPACE_BASE=$CACHE
 TUNER=(env "PYTHONPATH=$PYDEPS/tuner:$RUN" "$PY" -m tuner)  # a command, so `timeout` can run it

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUNDLE_SH = REPO / "scripts" / "gpu" / "bundle.sh"
 ARCHIVE = REPO / ".gpubundle" / "tuner-head.tar.gz"
 PIECES = REPO / ".gpubundle" / "pieces"
+CACHE_PACKS = "engine-cache-*.tar.gz"  # begin.sh carries them beside the archive (plan_block.py)
 
 
 def piece_bytes() -> int:
@@ -66,11 +67,13 @@ def _bytes(repo: Path, paths: set[str]) -> int:
 
 def carries(piece: int | None) -> dict[str, int]:
     """What each kind of call adds to the tree: the largest piece (``piece`` where given, else as
-    built, else as bundle.sh will cut it) and the tag's archive where it is built."""
+    built, else as bundle.sh will cut it) and the tag's archive where it is built, with the engine
+    caches begin.sh carries beside it."""
     built = [p.stat().st_size for p in PIECES.glob("p.*")] if PIECES.is_dir() else []
     out = {"largest piece": piece if piece is not None else max(built, default=piece_bytes())}
     if ARCHIVE.is_file():
-        out["tag archive"] = ARCHIVE.stat().st_size
+        caches = sum(f.stat().st_size for f in ARCHIVE.parent.glob(CACHE_PACKS))
+        out["tag archive and engine caches" if caches else "tag archive"] = ARCHIVE.stat().st_size + caches
     return out
 
 

@@ -8,6 +8,14 @@ STATE=$ROOT/state              # markers (*.ok, *.failed), logs of the setup ste
 RUN=$ROOT/run                  # the repository snapshot the study runs from
 STUDY=$ROOT/study              # rag-h200.db and search.log
 CAPTURES=$ROOT/captures        # pynvml samples and /metrics scrapes taken beside the trials
+# The engines' compile caches (vLLM's torch.compile, inductor, triton, flashinfer/deep_gemm JIT), where
+# study.sh and capacity_check.sh point them. A study's blocks carry them from one to the next
+# (poll.sh packs them, begin.sh unpacks them): a block's first boot of vLLM otherwise compiles what
+# the block before compiled, and it took 200 s against the 66 s of the next boot on the same machine
+# (reports/gpu-h100/study-1/block12/NOTES.md, "The repeats of vLLM's defaults").
+CACHE=$STATE/cache
+# The packed caches of one study (STUDY_NAME): .gpubundle/ holds it here, $OUT its parts on the way back.
+cache_pack() { echo "engine-cache-$1.tar.gz"; }
 # NVLink multicast stays off (KINDS.md), in every process started from here.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 # What a block's calls and trials hold, as the blocks' notes measured them (each block's "Device time"
 # table, the latest: reports/gpu-h100/study-1/block5/NOTES.md; a trial's boot and search: the Trials
@@ -45,6 +46,9 @@ LAST_TRIAL_S = 700
 # A finalists block's stage (begin.sh keeps it in block.env for the polls' restarts) and the tag it runs from
 FINALISTS_STAGE = "FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1"
 FINALISTS_TAG = "gpu-study-1-finalists"
+# Each study's engine compile caches from its last block (scripts/gpu/caches.sh), carried by begin.sh
+BUNDLE = Path(__file__).resolve().parents[2] / ".gpubundle"
+CACHE_PACKS = "engine-cache-*.tar.gz"
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,15 @@ def plan(budget_left_s: int, start_held_s: int, floor_s: int = ONE_TRIAL_S) -> P
     return Plan(b, b - TRIAL_S, wait)
 
 
-def messages(p: Plan, finalists: bool = False) -> list[list[str]]:
-    """The block's two messages, each a list of calls in order (kind nvidia-h200 for each)."""
-    carry = "carry .gpubundle/tuner-head.tar.gz .gpubundle/tuner-head.commit"
+def cache_packs(bundle: Path = BUNDLE) -> list[str]:
+    """The engine compile caches kept from the studies' last blocks, as paths a call carries."""
+    return [f".gpubundle/{f.name}" for f in sorted(bundle.glob(CACHE_PACKS))]
+
+
+def messages(p: Plan, finalists: bool = False, caches: tuple[str, ...] = ()) -> list[list[str]]:
+    """The block's two messages, each a list of calls in order (kind nvidia-h200 for each); begin.sh
+    carries ``caches`` (``cache_packs``) beside the tag's archive and unpacks its card study's."""
+    carry = " ".join(["carry .gpubundle/tuner-head.tar.gz .gpubundle/tuner-head.commit", *caches])
     stage = f"{FINALISTS_STAGE} " if finalists else ""
     begin = f"run, timeout 120, {carry}: {stage}bash scripts/gpu/begin.sh {p.trial_deadline_s}"
     pieces = [f"run, timeout 120, carry .gpubundle/pieces/p.{i:02d}: bash scripts/gpu/recv.sh | head -1"
@@ -101,7 +111,10 @@ def main(argv: list[str]) -> int:
         print(f"finalists: the carried archive must be the finalists' tag (scripts/gpu/archive.sh {FINALISTS_TAG})")
     heads = ("alone; no machine: no block, plan again later", "at once when it came back with a machine")
     n = 0
-    for head, calls in zip(heads, messages(p, finalists), strict=True):
+    caches = tuple(cache_packs())
+    kept = f"engine caches carried: {', '.join(caches)}"
+    print(kept if caches else "engine caches: none kept; the engines compile afresh")
+    for head, calls in zip(heads, messages(p, finalists, caches), strict=True):
         print(f"message ({head}):")
         for call in calls:
             n += 1

@@ -2,7 +2,8 @@
 # In a device call: wait up to WAIT_S seconds (less if the study ends), then copy the study (a
 # consistent SQLite backup, $STUDY_NAME.db: the name study.sh recorded in $STATE/study.name, else
 # STUDY_NAME, else rag-h200-capacity), its search.log and a tar.gz of the trial logs, setup logs and
-# captures into $OUT.
+# captures into $OUT; and once a boot has ended, the engines' compile caches for the study's next
+# block (caches.sh pack).
 #   bash scripts/gpu/poll.sh WAIT_S
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
@@ -22,5 +23,6 @@ fi
 cp "$STUDY/search.log" "$OUT/" 2>/dev/null
 tar -czf "$OUT/logs.tar.gz" -C "$ROOT" --exclude='*.safetensors' \
   $(cd "$ROOT" && ls -d run/studies/logs state/*.log state/*.probe state/study.log captures models/h200/DONE models/h200/target/config.json 2>/dev/null) 2>/dev/null
+OUT="$OUT" bash "$(dirname "$0")/caches.sh" pack "$NAME"
 ls -la "$OUT"
 bash "$(dirname "$0")/status.sh"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
     p = pb.plan(1770, 29)
     assert lines[0] == f"B 1741 s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})"
     calls = sum(len(m) for m in pb.messages(p))
-    assert len(lines) == 1 + len(pb.messages(p)) + calls
+    assert len(lines) == 2 + len(pb.messages(p)) + calls  # B/T/W, the engine caches carried, the messages
+    assert lines[1].startswith("engine caches")
     assert [line for line in lines if line.startswith("message")][0].startswith("message (alone")
     bad = subprocess.run([sys.executable, str(SCRIPT), "many"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
@@ -88,3 +90,16 @@ def test_a_finalists_block_begins_with_the_runbooks_stage_in_both_begin_calls() 
         [sys.executable, str(SCRIPT), "1770", "29", "--finalists"], capture_output=True, text=True, check=True
     ).stdout
     assert "archive.sh gpu-study-1-finalists" in printed.splitlines()[1] and printed.count(stage) == 2
+
+
+def test_both_begin_calls_carry_the_engine_caches_kept(tmp_path: Path) -> None:
+    pb = load_gpu_script("plan_block")
+    assert pb.cache_packs(tmp_path) == []
+    (tmp_path / "engine-cache-rag-h100-study-1.tar.gz").write_bytes(b"x")
+    (tmp_path / "tuner-head.tar.gz").write_bytes(b"x")
+    kept = tuple(pb.cache_packs(tmp_path))
+    assert kept == (".gpubundle/engine-cache-rag-h100-study-1.tar.gz",)
+    p = pb.plan(1770, 29)
+    first, second = pb.messages(p, finalists=True, caches=kept)
+    assert first[0] == second[0] and f"tuner-head.commit {kept[0]}: " in first[0]
+    assert all(kept[0] not in call for call in second[1:]), "only begin.sh carries them"

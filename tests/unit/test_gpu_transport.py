@@ -177,3 +177,40 @@ def test_a_sampling_block_on_a_card_whose_study_is_done_sampling_starts_nothing(
     assert "study: rag-h100-study-1 at finalists 18 booted; this block: sampling" in begun.stdout
     assert "stage mismatch" in (tmp_path / "state" / "not-h200").read_text()
     assert not (tmp_path / "state" / "study.log").exists()
+
+
+def test_the_engine_caches_go_back_in_parts_after_a_boot_and_unpack_on_the_next_block(tmp_path: Path) -> None:
+    """caches.sh: a poll packs the compile caches once a trial warmed up, without the files written
+    in the last minute (a compile may be writing them); the next block's begin.sh unpacks them."""
+    device = tmp_path / "device"
+    cache = device / "state" / "cache"
+    (cache / "vllm" / "torch_compile_cache").mkdir(parents=True)
+    old = cache / "vllm" / "torch_compile_cache" / "model.so"
+    old.write_bytes(os.urandom(20 << 20))  # incompressible: two parts of at most 15 MiB
+    os.utime(old, (old.stat().st_atime - 600, old.stat().st_mtime - 600))
+    (cache / "being-written.so").write_bytes(b"torn")
+    (device / "study").mkdir(parents=True)
+    log = device / "study" / "search.log"
+    log.write_text("trial   0 boot    vllm engine defaults\n")
+    before = _gpu_script("caches.sh", "pack", "rag-h100-study-1", root=device)
+    assert before.returncode == 0 and before.stdout == "", before.stdout + before.stderr
+    assert not (device / "out").exists(), "no pack before a boot has ended"
+    log.write_text(log.read_text() + "trial   0 warmup  2 requests, boot 202 s\n")
+    packed = _gpu_script("caches.sh", "pack", "rag-h100-study-1", root=device)
+    assert packed.returncode == 0 and "in 2 parts" in packed.stdout, packed.stdout + packed.stderr
+    parts = sorted((device / "out").glob("engine-cache-rag-h100-study-1.tar.gz.*"))
+    assert [p.name[-1] for p in parts] == ["0", "1"] and all(p.stat().st_size <= 15 << 20 for p in parts)
+    carried = tmp_path / "engine-cache-rag-h100-study-1.tar.gz"
+    carried.write_bytes(b"".join(p.read_bytes() for p in parts))
+    fresh = tmp_path / "fresh"
+    unpacked = _gpu_script("caches.sh", "unpack", str(carried), root=fresh)
+    assert unpacked.returncode == 0 and "1 files unpacked" in unpacked.stdout, unpacked.stdout + unpacked.stderr
+    again = fresh / "state" / "cache" / "vllm" / "torch_compile_cache" / "model.so"
+    assert again.read_bytes() == old.read_bytes()
+    assert not (fresh / "state" / "cache" / "being-written.so").exists()
+    missing = _gpu_script("caches.sh", "unpack", str(tmp_path / "none.tar.gz"), root=fresh)
+    assert missing.returncode == 0 and "none carried" in missing.stdout
+    torn = tmp_path / "torn.tar.gz"
+    torn.write_bytes(parts[0].read_bytes()[:1000])
+    broken = _gpu_script("caches.sh", "unpack", str(torn), root=tmp_path / "other")
+    assert broken.returncode == 0 and "did not unpack" in broken.stdout, broken.stdout

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The engines' compile caches (common.sh, CACHE), carried from one block of a study to its next:
+#   bash scripts/gpu/caches.sh unpack FILE   begin.sh, before setup: FILE as the block's call 1 carried it
+#   bash scripts/gpu/caches.sh pack NAME     poll.sh: study NAME's caches into $OUT, in parts
+# A pack is taken once a boot has ended (search.log has a trial's warmup line), without the files
+# written in the last minute, since a compile may still be writing them and a torn file would break
+# the next block's boot. Its parts are at most 15 MiB: the device tool brings back 16 MiB a file.
+# Locally, `cat` the parts of the last poll that brought them into .gpubundle/$(cache_pack NAME)
+# (reports/gpu-h200/study-1/RUNBOOK.md, "After a block").
+set -uo pipefail
+. "$(dirname "$0")/common.sh"
+MAX_PACK=$(( 48 << 20 ))  # three parts: with the study file and logs, inside the 64 MiB a call brings back
+case "${1:-}" in
+  unpack)
+    FILE=${2:?usage: caches.sh unpack FILE}
+    if [ ! -f "$FILE" ]; then
+      echo "engine caches: none carried ($FILE); the engines compile afresh"
+    elif mkdir -p "$CACHE" && tar -xzf "$FILE" -C "$CACHE"; then
+      echo "engine caches: $(tar -tzf "$FILE" | grep -vc '/$') files unpacked from $FILE"
+    else
+      echo "engine caches: $FILE did not unpack; the engines compile afresh"
+    fi ;;
+  pack)
+    NAME=${2:?usage: caches.sh pack NAME}
+    grep -q " warmup " "$STUDY/search.log" 2>/dev/null && [ -d "$CACHE" ] || exit 0
+    OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+    PACK=$(cache_pack "$NAME")
+    rm -f "$OUT/$PACK".*
+    (cd "$CACHE" && find . -type f ! -newermt "$(date -d '-60 seconds' '+%Y-%m-%d %H:%M:%S')" -print0 \
+      | tar --null -czf "$STATE/$PACK" -T -)
+    size=$(stat -c %s "$STATE/$PACK")
+    if [ "$size" -gt "$MAX_PACK" ]; then
+      echo "engine caches: $PACK is $size bytes, over $MAX_PACK: not brought back"
+      exit 0
+    fi
+    split -d -a 1 -b 15M "$STATE/$PACK" "$OUT/$PACK."
+    echo "engine caches: $PACK, $size bytes, in $(ls "$OUT/$PACK".* | wc -l) parts" ;;
+  *) echo "usage: caches.sh unpack FILE | pack NAME" >&2; exit 2 ;;
+esac
