@@ -2,9 +2,11 @@
 # The engines' compile caches (common.sh, CACHE), carried from one block of a study to its next:
 #   bash scripts/gpu/caches.sh unpack FILE   begin.sh, before setup: FILE as the block's call 1 carried it
 #   bash scripts/gpu/caches.sh pack NAME     poll.sh: study NAME's caches into $OUT, in parts
-# A pack is taken once a boot has ended (search.log has a trial's warmup line), without the files
-# written in the last minute, since a compile may still be writing them and a torn file would break
-# the next block's boot. Its parts are at most 15 MiB: the device tool brings back 16 MiB a file.
+# A pack is taken once a boot has ended (search.log has a trial's warmup line), and never while a
+# compiler runs or with the files written in the last minute: a torn kernel would break the next
+# block's boot, and a finalist's repeat that dies at boot is a failure of that finalist. A poll that
+# cannot pack says why; the parts an earlier poll brought back stand. Its parts are at most 15 MiB:
+# the device tool brings back 16 MiB a file.
 # Locally, `cat` the parts of the last poll that brought them into .gpubundle/$(cache_pack NAME)
 # (reports/gpu-h200/study-1/RUNBOOK.md, "After a block").
 set -uo pipefail
@@ -26,8 +28,15 @@ case "${1:-}" in
     OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
     PACK=$(cache_pack "$NAME")
     rm -f "$OUT/$PACK".*
-    (cd "$CACHE" && find . -type f ! -newermt "$(date -d '-60 seconds' '+%Y-%m-%d %H:%M:%S')" -print0 \
-      | tar --null -czf "$STATE/$PACK" -T -)
+    if running=$(pgrep -x -l 'ninja|nvcc|cicc|ptxas|cc1plus|ld' | head -1) && [ -n "$running" ]; then
+      echo "engine caches: a compiler runs ($running): not packed this poll"
+      exit 0
+    fi
+    if ! (cd "$CACHE" && find . -type f ! -newermt "$(date -d '-60 seconds' '+%Y-%m-%d %H:%M:%S')" -print0 \
+      | tar --null -czf "$STATE/$PACK" -T -); then
+      echo "engine caches: a file changed while packed: not packed this poll"
+      exit 0
+    fi
     size=$(stat -c %s "$STATE/$PACK")
     if [ "$size" -gt "$MAX_PACK" ]; then
       echo "engine caches: $PACK is $size bytes, over $MAX_PACK: not brought back"

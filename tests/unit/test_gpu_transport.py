@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -196,6 +197,16 @@ def test_the_engine_caches_go_back_in_parts_after_a_boot_and_unpack_on_the_next_
     assert before.returncode == 0 and before.stdout == "", before.stdout + before.stderr
     assert not (device / "out").exists(), "no pack before a boot has ended"
     log.write_text(log.read_text() + "trial   0 warmup  2 requests, boot 202 s\n")
+    ninja = tmp_path / "ninja"  # a JIT build under way: FlashInfer's go through ninja
+    shutil.copy("/bin/sleep", ninja)
+    compiling = subprocess.Popen([str(ninja), "60"])
+    try:
+        waited = _gpu_script("caches.sh", "pack", "rag-h100-study-1", root=device)
+    finally:
+        compiling.kill()
+        compiling.wait()
+    assert waited.returncode == 0 and "a compiler runs" in waited.stdout, waited.stdout + waited.stderr
+    assert not list((device / "out").glob("engine-cache-*")), "nothing packed while a compiler runs"
     packed = _gpu_script("caches.sh", "pack", "rag-h100-study-1", root=device)
     assert packed.returncode == 0 and "in 2 parts" in packed.stdout, packed.stdout + packed.stderr
     parts = sorted((device / "out").glob("engine-cache-rag-h100-study-1.tar.gz.*"))

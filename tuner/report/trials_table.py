@@ -169,7 +169,7 @@ def search_effort(study: optuna.Study) -> str:
 def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:
     """The table; ``gpu_price`` (USD per GPU-hour) overrides the study's own for the cost column."""
     legend = "* feasible Pareto-optimal"
-    verdict = study_attrs_of(study).get("verdict")
+    attrs = study_attrs_of(study)
     price = study_price(study, gpu_price)
     lines = [format_table(trial_rows(study, price), header(study, price)), legend]
     if is_capacity_study(study):
@@ -179,9 +179,9 @@ def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:
         priced = f" at ${price:g}/GPU-hour" if price is not None else " (--gpu-price to price them)"
         lines.append(f"tok/s/GPU: output tokens per second per GPU at the {first} tier's capacity{priced}")
     lines.append(search_effort(study))
-    withdrawn = study_attrs_of(study).get("finalist_runs_withdrawn") or {}
+    withdrawn = attrs.get("finalist_runs_withdrawn") or {}
     lines += [f"trial {n}: repeat {r.get('repeat')} withdrawn ({r.get('withdrawn')})"
               for n, runs in withdrawn.items() for r in runs]  # fmt: skip
-    if verdict is not None:
+    if (verdict := attrs.get("verdict")) is not None:
         lines.append(describe_verdict(verdict))
     return "\n".join(lines)
