@@ -11,6 +11,7 @@
 # (reports/gpu-h200/study-1/RUNBOOK.md, "After a block").
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
+QUIET_S=${CACHE_QUIET_S:-60}  # a file this many seconds unwritten is whole (unless a compiler runs)
 MAX_PACK=$(( 48 << 20 ))  # three parts: with the study file and logs, inside the 64 MiB a call brings back
 case "${1:-}" in
   unpack)
@@ -32,7 +33,7 @@ case "${1:-}" in
       echo "engine caches: a compiler runs ($running): not packed this poll"
       exit 0
     fi
-    if ! (cd "$CACHE" && find . -type f ! -newermt "$(date -d '-60 seconds' '+%Y-%m-%d %H:%M:%S')" -print0 \
+    if ! (cd "$CACHE" && find . -type f ! -newermt "$(date -d "-$QUIET_S seconds" '+%Y-%m-%d %H:%M:%S')" -print0 \
       | tar --null -czf "$STATE/$PACK" -T -); then
       echo "engine caches: a file changed while packed: not packed this poll"
       exit 0
