@@ -8,7 +8,9 @@ defaults. The sentence under each tier is computed from those numbers: which eng
 and by how much; that one drive each cannot tell them apart, where the higher claim lies inside the
 other's bracket (a tie included); or that only one engine was measured. Where both engines' best
 trials were finalists with at least three fresh-boot repeats, the sentence compares the repeats'
-means instead, and says so where their 95 % intervals overlap. Trials not yet run (an
+means instead, and says so where their 95 % intervals overlap. A second sentence per engine holds
+its best against its own defaults, the question a user asks first (did tuning carry more?), read
+the same way: from the repeats where both have them, else from one drive each. Trials not yet run (an
 enqueued config waiting for its boot) name no engine here. An engine booted only by trials that
 failed before they recorded a capacity (an interrupted lease, a boot that died) was not measured:
 it is named as such, never as an engine that carried no load.
@@ -38,6 +40,7 @@ class EngineBest:
     repeats: dict[str, float] | None = None  # the best's capacity in the tier over its finalist repeats
     measured: bool = True  # a trial of it recorded a capacity in the tier (0 included)
     failed: int = 0  # its trials that ended FAIL or recorded a failure class (out of memory, screened, ...)
+    default_repeats: dict[str, float] | None = None  # the defaults' capacity in the tier over their repeats
 
     def capacity(self, tier: str) -> float:
         found = tier_capacity(self.best, tier) if self.best is not None else None
@@ -58,9 +61,11 @@ def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
         # the latest that recorded a capacity (an earlier one was re-run); a failed re-run hides none
         defaults = [t for t in defaults if tier_capacity(t, tier) is not None] or defaults
         repeats = repeat_stats(study, best.number, tier) if best is not None else None
+        default = defaults[-1] if defaults else None
+        default_repeats = repeat_stats(study, default.number, tier) if default is not None else None
         measured = any(tier_capacity(t, tier) is not None for t in own)
         failed = sum(t.state == optuna.trial.TrialState.FAIL or bool(trial_attrs(t).get("failure")) for t in own)
-        found.append(EngineBest(engine, best, defaults[-1] if defaults else None, repeats, measured, failed))
+        found.append(EngineBest(engine, best, default, repeats, measured, failed, default_repeats))
     return found
 
 
@@ -129,6 +134,34 @@ def _measured(rows: list[EngineBest], tier: str) -> str:
             f"{number(second.capacity(tier))}: {first.engine} {ratio:.2f}x on this workload.")  # fmt: skip
 
 
+def beside_defaults(r: EngineBest, tier: str) -> str | None:
+    """One sentence: the engine's best in ``tier`` against its own defaults, from the repeats where
+    both have them, else from one drive each; None where either was not measured."""
+    best, default = r.best, r.default
+    if best is None or default is None or tier_capacity(default, tier) is None:
+        return None
+    if is_default(best) or best.number == default.number:
+        return f"{r.engine}: no tuned config carried more than its defaults (trial {default.number})."
+    head = f"{r.engine}: trial {best.number} against its defaults (trial {default.number})"
+    if r.repeats is not None and r.default_repeats is not None:
+        tuned, own = r.repeats, r.default_repeats
+        figures = f"{head} carried {mean_interval(tuned)} and {mean_interval(own)} req/s over fresh-boot repeats"
+        if own["mean"] <= 0:
+            return f"{figures}: its defaults carried nothing under this tier."
+        ratio = tuned["mean"] / own["mean"]
+        if tuned["low"] <= own["high"]:
+            return f"{figures}, {ratio:.2f}x: their 95 % intervals overlap, so the repeats cannot tell them apart."
+        return f"{figures}: {ratio:.2f}x, their 95 % intervals apart."
+    tuned_c, own_c = r.capacity(tier), tier_capacity(default, tier) or 0.0
+    figures = f"{head} carried {number(tuned_c)} and {number(own_c)} req/s"
+    if own_c <= 0:
+        return f"{figures}: its defaults carried nothing under this tier."
+    top = bracket_top(default, tier)
+    if top is not None and tuned_c < top:
+        return f"{figures} (its defaults' bracket runs to {number(top)}): one drive each cannot tell them apart."
+    return f"{figures}: {tuned_c / own_c:.2f}x in one drive each; the finalists' repeats decide."
+
+
 @dataclass(frozen=True)
 class _Row:
     """One engine's line of a tier, as both the HTML section and summary.md show it."""
@@ -147,14 +180,16 @@ def _row(r: EngineBest, tier: str, price: float | None) -> _Row:
         tuned,
         (capacity_cell(best, tier) + again) if best else ("0" if r.measured else "not measured"),
         (cost_text(best.user_attrs, tier, price) if best is not None else "") or "-",
-        _defaults_cell(r.default, tier),
+        _defaults_cell(r.default, tier, r.default_repeats),
     )
 
 
-def _defaults_cell(default: Trial | None, tier: str) -> str:
+def _defaults_cell(default: Trial | None, tier: str, repeats: dict[str, float] | None = None) -> str:
     if default is None:
         return "not booted"
-    return "failed" if default.state == optuna.trial.TrialState.FAIL else capacity_cell(default, tier)
+    if default.state == optuna.trial.TrialState.FAIL:
+        return "failed"
+    return capacity_cell(default, tier) + (f"; repeats {mean_interval(repeats)}" if repeats else "")
 
 
 def engines_section(study: optuna.Study, price: float | None = None) -> str:
@@ -171,7 +206,9 @@ def engines_section(study: optuna.Study, price: float | None = None) -> str:
             )
         table = ("<table><tr><th>engine</th><th>best feasible config</th><th>capacity (req/s)</th>"
                  f"<th>cost at it</th><th>its defaults (req/s)</th></tr>{''.join(cells)}</table>")  # fmt: skip
-        parts.append(f"<h3>Tier {html.escape(tier.name)}</h3>{table}<p>{html.escape(comparison(rows, tier.name))}</p>")
+        said = [comparison(rows, tier.name), *(s for r in rows if (s := beside_defaults(r, tier.name)))]
+        paragraphs = "".join(f"<p>{html.escape(s)}</p>" for s in said)
+        parts.append(f"<h3>Tier {html.escape(tier.name)}</h3>{table}{paragraphs}")
     body = "".join(parts) or "<p>no trial recorded a capacity</p>"
     return f'<section id="engines"><h2>Which engine suits this workload</h2>{body}</section>'
 
@@ -188,4 +225,5 @@ def engines_md(study: optuna.Study) -> list[str]:
             best = f"{r.best.number}" if r.best is not None else "-"
             lines.append(f"| {r.engine} | {best} | {row.capacity} | {row.defaults} |")
         lines += ["", comparison(rows, tier.name)]
+        lines += [s for r in rows if (s := beside_defaults(r, tier.name))]
     return lines

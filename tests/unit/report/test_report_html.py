@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -262,3 +263,70 @@ def test_an_engine_whose_only_trial_ran_out_of_memory_is_counted_failed_not_meas
     assert comparison(rows, "interactive") == (
         "vllm carried 2 req/s. No trial of sglang (1 failed) recorded a capacity here, so it is not compared."
     )
+
+
+def test_each_engines_best_is_read_against_its_own_defaults(capacity_study: optuna.Study) -> None:
+    """The user's first question, per engine and tier: did tuning carry more than the defaults? From
+    one drive each until the finalists' repeats, then from the repeats' means and intervals."""
+    from tuner.report.engines import beside_defaults, engines_md, engines_section, per_engine
+
+    one_drive = "req/s: {}x in one drive each; the finalists' repeats decide."
+    repeated = "req/s over fresh-boot repeats{}"
+    cases = [  # the finalists' repeats (trial: mean, low, high), then what vLLM's and SGLang's sentences say
+        ({}, ("4 and 2 " + one_drive.format("2.00"), "3.5 and 1.5 " + one_drive.format("2.33"))),
+        ({2: (4.1, 3.9, 4.3), 0: (2.2, 2.0, 2.4), 3: (3.4, 3.0, 3.8), 1: (3.0, 2.6, 3.4)},
+         ("4.1 [3.9, 4.3] and 2.2 [2, 2.4] " + repeated.format(": 1.86x, their 95 % intervals apart."),
+          "3.4 [3, 3.8] and 3 [2.6, 3.4] " + repeated.format(", 1.13x: their 95 % intervals overlap, so the repeats "
+                                                             "cannot tell them apart."))),
+    ]  # fmt: skip
+    for repeats, (vllm, sglang) in cases:
+        capacity_study.set_user_attr("finalists", [
+            {"trial": n, "stats": {"capacity_interactive_req_s": {"mean": m, "low": lo, "high": hi, "n": 3}}}
+            for n, (m, lo, hi) in repeats.items()
+        ])  # fmt: skip
+        said = {r.engine: beside_defaults(r, "interactive") for r in per_engine(capacity_study, "interactive")}
+        assert said == {"vllm": f"vllm: trial 2 against its defaults (trial 0) carried {vllm}",
+                        "sglang": f"sglang: trial 3 against its defaults (trial 1) carried {sglang}"}  # fmt: skip
+        assert html.escape(said["sglang"] or "") in engines_section(capacity_study)
+    assert "| vllm | 2 | 4; repeats 4.1 [3.9, 4.3] | 2; repeats 2.2 [2, 2.4] |" in engines_md(capacity_study)
+
+
+def test_an_engine_whose_defaults_carried_the_most_says_so(capacity_study: optuna.Study, tmp_path: Path) -> None:
+    from tuner.report.engines import beside_defaults, per_engine
+
+    defaults_only = _two_engines(capacity_study, tmp_path / "d.db", sglang_top=1.8)
+    rows = {r.engine: r for r in per_engine(defaults_only, "interactive")}
+    assert beside_defaults(rows["vllm"], "interactive") == (
+        "vllm: no tuned config carried more than its defaults (trial 0)."
+    )
+
+
+def test_a_tuned_config_inside_its_defaults_bracket_is_not_ranked_above_them(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    from tuner.report.engines import beside_defaults, per_engine
+
+    study = _two_engines(capacity_study, tmp_path / "inside.db", sglang_top=1.8)  # vLLM's defaults: 2 up to 2.4
+    tuned = capacity_study.get_trials()[2]
+    attrs = dict(tuned.user_attrs)
+    tiers_ = attrs["capacity"]["tiers"]
+    inside = {**tiers_["interactive"], "capacity_req_s": 2.2}
+    attrs["capacity"] = {**attrs["capacity"], "tiers": {**tiers_, "interactive": inside}}
+    study.add_trial(optuna.trial.create_trial(params=tuned.params, distributions=tuned.distributions, values=[2.2],
+                                              user_attrs=attrs))  # fmt: skip
+    rows = {r.engine: r for r in per_engine(study, "interactive")}
+    assert rows["vllm"].best is not None and rows["vllm"].best.number == 3
+    assert beside_defaults(rows["vllm"], "interactive") == (
+        "vllm: trial 3 against its defaults (trial 0) carried 2.2 and 2 req/s (its defaults' bracket runs to 2.4): "
+        "one drive each cannot tell them apart."
+    )
+
+
+def test_on_the_h100_study_vllms_defaults_are_its_best_under_both_tiers() -> None:
+    from tests.unit.study_files import H100_STUDY
+    from tuner.report.engines import beside_defaults, per_engine
+
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{H100_STUDY}")
+    for tier in ("interactive", "relaxed"):
+        vllm = next(r for r in per_engine(study, tier) if r.engine == "vllm")
+        assert beside_defaults(vllm, tier) == "vllm: no tuned config carried more than its defaults (trial 0)."
