@@ -186,6 +186,10 @@ def test_report_renders_in_a_real_browser(study: optuna.Study, storage: str, tmp
         assert f"- {tier}: trial {report['trial']} (vllm " in summary, summary
     booted = [t for t in study.get_trials() if t.user_attrs.get("phases_s", {}).get("boot")]
     assert f"| {booted[0].number} | vllm | " in summary.split("## What each trial cost")[1], summary
+    repeats = summary.split("## The finalists' fresh-boot repeats")[1].split("## What each trial cost")[0]
+    for finalist in study.user_attrs["finalists"]:  # each with its repeats' figures, then the verdict
+        assert f"| {finalist['trial']} | vllm " in repeats and " n=" in repeats, repeats
+    assert "verdict: " in repeats, repeats
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -32,6 +32,7 @@ from tuner.report.capacity import (
 )
 from tuner.report.describe import (
     engine_line,
+    engine_of,
     engines_text,
     launch_command,
     mean_interval,
@@ -42,7 +43,7 @@ from tuner.report.describe import (
 from tuner.report.engines import engines_md, engines_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trial_costs import costs_md, costs_section
-from tuner.report.trials_table import study_price
+from tuner.report.trials_table import repeats_cell, study_price
 from tuner.report.verified import verified_md, verified_section
 from tuner.report.winner import launch_choice
 from tuner.study.attrs import (
@@ -56,6 +57,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto
+from tuner.study.objectives import objective_named
 from tuner.study.verdict import describe_verdict
 
 Trial = optuna.trial.FrozenTrial
@@ -156,6 +158,34 @@ def best_vs_default_section(study: optuna.Study, price: float | None = None) -> 
     table = f"<table><tr><th>config</th>{head}</tr>{''.join(rows)}</table>" if rows else ""
     return (f'<section id="best-vs-default"><h2>Winner against the engine default</h2>'
             f"<p>mean [95 % interval] over fresh-boot repeats</p>{table}<p>{text}</p></section>")  # fmt: skip
+
+
+def finalists_md(study: optuna.Study) -> list[str]:
+    """The finalists' fresh-boot repeats as Markdown, for ``summary.md``: per finalist and deciding
+    metric its mean [95 % interval] once the stage ended, the repeats stored so far while it runs (on a
+    GPU it spans leases), and those withdrawn; then the verdict on each metric."""
+    attrs = study_attrs_of(study)
+    runs, withdrawn = attrs.get("finalist_runs") or {}, attrs.get("finalist_runs_withdrawn") or {}
+    ended = {int(f["trial"]): f for f in attrs.get("finalists") or [] if isinstance(f, dict) and "trial" in f}
+    numbers = list(dict.fromkeys([*ended, *(int(n) for n in runs), *(int(n) for n in withdrawn)]))
+    if not numbers:
+        return []
+    metrics = objective_named(attrs.get("objective")).deciders(bool(attrs.get("slo")))
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    lines = ["", "## The finalists' fresh-boot repeats", "",
+             "| trial | config | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]  # fmt: skip
+    for n in numbers:
+        trial = by_number.get(n)
+        kind = "defaults" if trial is not None and is_default(trial) else "tuned"
+        engine = engine_of(trial) if trial is not None else "?"
+        cells = [repeats_cell(ended.get(n), m, runs.get(str(n)) or [], len(withdrawn.get(str(n)) or []))
+                 for m in metrics]  # fmt: skip
+        lines.append(f"| {n} | {engine} {kind} | " + " | ".join(cells) + " |")
+    verdict = attrs.get("verdict")
+    if isinstance(verdict, dict):
+        by_metric = verdict.get("by_metric") or {verdict.get("metric"): verdict}
+        lines += [""] + [f"- {m}: {describe_verdict(v)}" for m, v in by_metric.items() if isinstance(v, dict)]
+    return lines
 
 
 def failure_map_section(study: optuna.Study, ranked: list[str]) -> str:
@@ -287,7 +317,7 @@ def summary_md(study: optuna.Study) -> str:
         lines.append(f"- {describe_verdict(verdict)}")
     if is_capacity_study(study):
         lines += engines_md(study)
-    lines += costs_md(study) + verified_md(study)
+    lines += finalists_md(study) + costs_md(study) + verified_md(study)
     said, trials = launch_choice(study)
     lines += ["", "## Launch command of the winner", "", said]
     for t in trials:

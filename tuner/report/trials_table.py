@@ -39,7 +39,7 @@ def _number(value: object, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, int | float) else "-"
 
 
-def _repeats(finalist: dict[str, Any] | None, metric: str, runs: list[dict[str, Any]], withdrawn: int) -> str:
+def repeats_cell(finalist: dict[str, Any] | None, metric: str, runs: list[dict[str, Any]], withdrawn: int) -> str:
     """The finalist's summary once the stage has ended; while it runs (it may span GPU leases), the
     repeats stored so far; and how many were withdrawn (``withdraw_repeat``)."""
     if finalist is not None:
@@ -132,7 +132,7 @@ def trial_rows(study: optuna.Study, price: float | None = None) -> list[tuple[st
         if accept:
             measured = (*measured, acceptance_cell(attrs))
         rows.append((f"{t.number}{mark}", t.state.name, _status(attrs), *measured,
-                     _repeats(finalists.get(t.number), metric, runs.get(str(t.number)) or [],
+                     repeats_cell(finalists.get(t.number), metric, runs.get(str(t.number)) or [],
                               len(withdrawn.get(str(t.number)) or [])), _params(t)))  # fmt: skip
     return rows
 

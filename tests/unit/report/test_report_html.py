@@ -330,3 +330,28 @@ def test_on_the_h100_study_vllms_defaults_are_its_best_under_both_tiers() -> Non
     for tier in ("interactive", "relaxed"):
         vllm = next(r for r in per_engine(study, tier) if r.engine == "vllm")
         assert beside_defaults(vllm, tier) == "vllm: no tuned config carried more than its defaults (trial 0)."
+
+
+def test_summary_holds_the_finalists_repeats_so_far_and_then_their_intervals_and_verdict(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    """summary.md, which the GPU reports are written from: while the stage runs (it spans leases), the
+    repeats stored and withdrawn; once it ended, each finalist's mean [95 % interval] and the verdict."""
+    from tests.unit.study_files import H100_STUDY
+    from tuner.report.html import finalists_md, summary_md
+
+    h100 = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{H100_STUDY}")
+    assert finalists_md(h100)[3:] == [
+        "| trial | config | capacity_interactive_req_s | capacity_relaxed_req_s |", "|---|---|---|---|",
+        "| 0 | vllm defaults | so far 6.65 (1 run, 1 withdrawn) | so far 6.92 (1 run, 1 withdrawn) |",
+    ]  # fmt: skip
+    empty = optuna.create_study(study_name="none", storage=f"sqlite:///{tmp_path / 'none.db'}")
+    assert finalists_md(empty) == [], "no finalist ran: no section"
+    stats = {"capacity_req_s": {"mean": 4.1, "low": 3.9, "high": 4.3, "n": 3}}
+    failed = {"trial": 0, "stats": {}, "failures": ["oom", "oom", "oom"]}
+    capacity_study.set_user_attr("finalists", [{"trial": 2, "stats": stats, "failures": []}, failed])
+    capacity_study.set_user_attr("verdict", {"kind": "sole", "metric": "capacity_req_s", "trials": [2]})
+    summary = summary_md(capacity_study)
+    assert "| 2 | vllm tuned | 4.1 [3.9, 4.3] n=3 |" in summary
+    assert "| 0 | vllm defaults | all failed (3 failed) |" in summary
+    assert "- capacity_req_s: verdict: trial 2 is the only finalist that served all its repeats" in summary
