@@ -225,3 +225,55 @@ def test_the_engine_caches_go_back_in_parts_after_a_boot_and_unpack_on_the_next_
     torn.write_bytes(parts[0].read_bytes()[:1000])
     broken = _gpu_script("caches.sh", "unpack", str(torn), root=tmp_path / "other")
     assert broken.returncode == 0 and "did not unpack" in broken.stdout, broken.stdout
+
+
+def test_after_a_block_the_study_file_the_caches_and_the_reset_counts_come_in(tmp_path: Path) -> None:
+    """after_block.sh, on the files a block's last poll brought back (as the device tool leaves them,
+    read-only): the study file and search.log into the study's folder, the caches' parts joined into
+    .gpubundle/, vLLM's prefix-cache resets counted per log, and `tuner trials` of the file."""
+    came = tmp_path / "device" / "26"
+    came.mkdir(parents=True)
+    (came / "rag-h100-study-1.db").write_bytes(H100_STUDY.read_bytes())
+    (came / "search.log").write_text("trial   0 warmup  2 requests, boot 202 s\n")
+    log = tmp_path / "run" / "studies" / "logs" / "rag-h100-study-1" / "trial-0000-vllm-repeat2.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("INFO Successfully reset prefix cache\n" * 7 + "WARNING Failed to reset prefix cache\n")
+    with tarfile.open(came / "logs.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "run", arcname="run")
+    cache = tmp_path / "cache"
+    (cache / "vllm").mkdir(parents=True)
+    (cache / "vllm" / "kernel.so").write_bytes(os.urandom(1 << 20))
+    whole = io.BytesIO()
+    with tarfile.open(fileobj=whole, mode="w:gz") as tar:
+        tar.add(cache / "vllm", arcname="./vllm")
+    blob = whole.getvalue()
+    for i, part in enumerate((blob[: len(blob) // 2], blob[len(blob) // 2 :])):
+        (came / f"engine-cache-rag-h100-study-1.tar.gz.{i}").write_bytes(part)
+    for f in came.iterdir():
+        f.chmod(0o444)
+    repo = tmp_path / "repo"
+    env = {**os.environ, "REPO": str(repo), "TUNER": str(ROOT / ".venv" / "bin" / "tuner")}
+    done = subprocess.run(["bash", str(GPU_SCRIPTS / "after_block.sh"), str(came), "rag-h100-study-1", "14"],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    kept = repo / "reports" / "gpu-h100" / "study-1"
+    assert (kept / "rag-h100-study-1.db").read_bytes() == H100_STUDY.read_bytes()
+    assert os.access(kept / "rag-h100-study-1.db", os.W_OK), "the copy is the repository's to commit"
+    assert (kept / "block14" / "search.log").read_text().startswith("trial   0 warmup")
+    assert (repo / ".gpubundle" / "engine-cache-rag-h100-study-1.tar.gz").read_bytes() == blob
+    assert "trial-0000-vllm-repeat2.log: prefix-cache resets 7 done, 1 refused" in done.stdout
+    assert "so far 6.65 (1 run, 1 withdrawn)" in done.stdout, "tuner trials of the study file"
+    half = tmp_path / "half"  # a poll whose second part did not come back
+    half.mkdir()
+    (half / "engine-cache-rag-h100-study-1.tar.gz.0").write_bytes(blob[: len(blob) // 2])
+    for caches, said in ((tmp_path / "none", "engine caches: none in"), (half, "do not make a whole archive")):
+        again = subprocess.run(["bash", str(GPU_SCRIPTS / "after_block.sh"), str(came), "rag-h100-study-1", "14",
+                                str(caches)], env=env, capture_output=True, text=True, timeout=120,
+                               check=False)  # fmt: skip
+        assert again.returncode == 0 and said in again.stdout, again.stdout + again.stderr
+    kept_pack = repo / ".gpubundle" / "engine-cache-rag-h100-study-1.tar.gz"
+    assert kept_pack.read_bytes() == blob, "a torn pack replaces nothing: the whole one kept before stays"
+    assert [p.name for p in kept_pack.parent.iterdir()] == [kept_pack.name]
+    wrong = subprocess.run(["bash", str(GPU_SCRIPTS / "after_block.sh"), str(came), "rag-a100", "14"], env=env,
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert wrong.returncode == 2 and "neither card" in wrong.stderr
