@@ -39,7 +39,10 @@ if compgen -G "$CACHES_FROM/$PACK.*" > /dev/null; then
     echo "engine caches: the parts in $CACHES_FROM do not make a whole archive: the kept ones, if any, stay"
   fi
 else
-  echo "engine caches: none in $CACHES_FROM (the kept ones, if any, stay)"
+  # a poll brings them back only where they changed since its last pack: name an earlier poll's folder
+  earlier=$(ls -d "$(dirname "$FROM")"/*/"$PACK".0 2>/dev/null | sort -V | tail -3 | xargs -r -n1 dirname \
+    | tr '\n' ' ')
+  echo "engine caches: none in $CACHES_FROM (the kept ones, if any, stay)${earlier:+; folders with parts: $earlier}"
 fi
 if [ -f "$FROM/logs.tar.gz" ]; then
   LOGS=/tmp/after-block-$STUDY-$BLOCK

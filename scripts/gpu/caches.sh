@@ -5,10 +5,9 @@
 # A pack is taken once a boot has ended (search.log has a trial's warmup line), and never while a
 # compiler runs or with the files written in the last minute: a torn kernel would break the next
 # block's boot, and a finalist's repeat that dies at boot is a failure of that finalist. A poll that
-# cannot pack says why; the parts an earlier poll brought back stand. Its parts are at most 15 MiB:
-# the device tool brings back 16 MiB a file.
-# Locally, `cat` the parts of the last poll that brought them into .gpubundle/$(cache_pack NAME)
-# (reports/gpu-h200/study-1/RUNBOOK.md, "After a block").
+# cannot pack says why, and one whose caches are as the last pack had them brings none back: the
+# parts an earlier poll brought back stand. Its parts are at most 15 MiB: the device tool brings back
+# 16 MiB a file. Here, after_block.sh joins the last parts that came into .gpubundle/.
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
 QUIET_S=${CACHE_QUIET_S:-60}  # a file this many seconds unwritten is whole (unless a compiler runs)
@@ -33,11 +32,19 @@ case "${1:-}" in
       echo "engine caches: a compiler runs ($running): not packed this poll"
       exit 0
     fi
-    if ! (cd "$CACHE" && find . -type f ! -newermt "$(date -d "-$QUIET_S seconds" '+%Y-%m-%d %H:%M:%S')" -print0 \
+    # what would be packed: every whole file, by path, size and time (the last pack's, in $STATE)
+    (cd "$CACHE" && find . -type f ! -newermt "$(date -d "-$QUIET_S seconds" '+%Y-%m-%d %H:%M:%S')" \
+      -printf '%p %s %T@\n' | sort) > "$STATE/$PACK.files"
+    if [ -f "$STATE/$PACK.packed" ] && cmp -s "$STATE/$PACK.files" "$STATE/$PACK.packed"; then
+      echo "engine caches: as the last pack had them: none brought back this poll"
+      exit 0
+    fi
+    if ! (cd "$CACHE" && sed 's/ [^ ]* [^ ]*$//' "$STATE/$PACK.files" | tr '\n' '\0' \
       | tar --null -czf "$STATE/$PACK" -T -); then
       echo "engine caches: a file changed while packed: not packed this poll"
       exit 0
     fi
+    cp "$STATE/$PACK.files" "$STATE/$PACK.packed"
     size=$(stat -c %s "$STATE/$PACK")
     if [ "$size" -gt "$MAX_PACK" ]; then
       echo "engine caches: $PACK is $size bytes, over $MAX_PACK: not brought back"

@@ -213,6 +213,14 @@ def test_the_engine_caches_go_back_in_parts_after_a_boot_and_unpack_on_the_next_
     assert [p.name[-1] for p in parts] == ["0", "1"] and all(p.stat().st_size <= 15 << 20 for p in parts)
     carried = tmp_path / "engine-cache-rag-h100-study-1.tar.gz"
     carried.write_bytes(b"".join(p.read_bytes() for p in parts))
+    same = _gpu_script("caches.sh", "pack", "rag-h100-study-1", root=device)  # the next poll, nothing new
+    assert "as the last pack had them" in same.stdout and not list((device / "out").glob("engine-cache-*"))
+    grown = cache / "triton" / "kernel.cubin"  # another engine's boot compiled more
+    grown.parent.mkdir()
+    grown.write_bytes(b"cubin")
+    os.utime(grown, (grown.stat().st_atime - 600, grown.stat().st_mtime - 600))
+    again = _gpu_script("caches.sh", "pack", "rag-h100-study-1", root=device)
+    assert "in 2 parts" in again.stdout, again.stdout + again.stderr
     fresh = tmp_path / "fresh"
     unpacked = _gpu_script("caches.sh", "unpack", str(carried), root=fresh)
     assert unpacked.returncode == 0 and "1 files unpacked" in unpacked.stdout, unpacked.stdout + unpacked.stderr
@@ -266,7 +274,10 @@ def test_after_a_block_the_study_file_the_caches_and_the_reset_counts_come_in(tm
     half = tmp_path / "half"  # a poll whose second part did not come back
     half.mkdir()
     (half / "engine-cache-rag-h100-study-1.tar.gz.0").write_bytes(blob[: len(blob) // 2])
-    for caches, said in ((tmp_path / "none", "engine caches: none in"), (half, "do not make a whole archive")):
+    for caches, said in (
+        (tmp_path / "none", f"none in {tmp_path / 'none'} (the kept ones, if any, stay); folders with parts: {came}"),
+        (half, "do not make a whole archive"),
+    ):
         again = subprocess.run(["bash", str(GPU_SCRIPTS / "after_block.sh"), str(came), "rag-h100-study-1", "14",
                                 str(caches)], env=env, capture_output=True, text=True, timeout=120,
                                check=False)  # fmt: skip
