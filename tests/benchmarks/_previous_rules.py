@@ -15,6 +15,9 @@
   lowest rate above the capacity not passed) leaned to a pass, step one resolution below it rather
   than bisect, since the knee is at or above it. Not adopted while the GPU studies' finalists run:
   it would search their recorded trials otherwise (tests/unit/measure/test_recorded_searches.py).
+- ``RungClimbPlan``: a rule tried, not adopted while the GPU studies' finalists run (2026-12-07): a
+  finalist's repeat (an incumbent, pruning off) whose claim and the rung above it passed climbs one
+  resolution at a time rather than doubling, since its knee is expected near its trial's claim.
 - ``WarmTierPlan``: a rule tried and not adopted (2026-12-05): a later tier's search starts from
   every step the earlier tiers served, judged under its own SLO (the tuner's tiers search afresh and
   share a step only where they ask the same rate; ``bench_tier_search`` measures both).
@@ -118,6 +121,25 @@ class LeaningTopPlan(CapacityPlan):
     """The current rules with ``LeaningTopSearch``: a candidate, not adopted yet."""
 
     search_rule = LeaningTopSearch
+
+
+class RungClimbSearch(CapacitySearch):
+    """The current search, but a finalist's repeat climbs past its claim one resolution at a time."""
+
+    def _propose(self) -> tuple[float | None, str | None]:
+        rate, reason = super()._propose()
+        climbing = self.incumbent is not None and not self.prune and self.lowest_fail() is None
+        rung = self._leaning(None) * (1 + self.resolution)
+        if climbing and rate is not None and rung > 0 and rate > rung * (1 + 1e-9):
+            return min(rung, self.max_rate), None
+        return rate, reason
+
+
+@dataclass(frozen=True)
+class RungClimbPlan(CapacityPlan):
+    """The current rules with ``RungClimbSearch``: a candidate for repeats, not adopted."""
+
+    search_rule = RungClimbSearch
 
 
 @dataclass(frozen=True)

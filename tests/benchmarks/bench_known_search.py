@@ -39,6 +39,7 @@ from tests.benchmarks._previous_rules import (
     HalvingPlan,
     LeaningTopPlan,
     PreviousPlan,
+    RungClimbPlan,
     saturation_parts,
 )
 from tuner.measure.capacity import outcomes_in
@@ -170,6 +171,7 @@ def main() -> None:
     repeat_rules = {
         "current": PLAN, "until session 45": HalvingPlan(**vars(PLAN)),
         "candidate: below a leaning top": LeaningTopPlan(**vars(PLAN)),
+        "candidate: a repeat climbs a rung at a time": RungClimbPlan(**vars(PLAN)),
     }  # fmt: skip
     header = [
         "rule", "searches", "median req/s", "min", "max", "median / knee", "pairs within 10%",
@@ -204,7 +206,7 @@ def main() -> None:
             f"({len(TRUTH_SEEDS)} seeds): {curve_md}. It crosses {PLAN.target:g} at **{knee:.2f} req/s** (the knee).",
             _report.table(header, [summary(rule, runs[rule], at, knee) for rule in rules]),
             "Repeats: each started at the claim of the *current* search of the same number, as a finalist's "
-            "repeat starts at its trial's capacity, never pruned, on seeds of their own; the two rules share them.",
+            "repeat starts at its trial's capacity, never pruned, on seeds of their own; the rules share them.",
             _report.table(header, [summary(rule, found, at, knee) for rule, found in repeats.items()]),
         ]
         curve_by_rate = dict(zip(map(str, TRUTH_RATES), curve, strict=True))
@@ -237,7 +239,9 @@ def main() -> None:
         "[gpu-h100/study-1/block12/NOTES.md](gpu-h100/study-1/block12/NOTES.md)); *candidate: below a leaning "
         "top*, not adopted yet: the current rules, but where the bracket's top (the lowest rate above the "
         "capacity not passed) leaned to a pass, the next rate is one resolution below it (never below the "
-        "bisection's midpoint) rather than the midpoint.",
+        "bisection's midpoint) rather than the midpoint; *candidate: a repeat climbs a rung at a time*, repeats "
+        "only, not adopted yet: where a repeat's claim and the rung above it passed, it climbs one resolution at "
+        "a time rather than doubling (its knee is expected near the claim).",
         *parts,
         "Goal (issue 24): two searches within 10 % of each other; at the claim no more than 5 points under "
         "the target, and under it at 1.2x. Every search's steps are in `reports/capacity.json` under `known_search`.",
