@@ -179,9 +179,16 @@ def _row(r: EngineBest, tier: str, price: float | None) -> _Row:
     return _Row(
         tuned,
         (capacity_cell(best, tier) + again) if best else ("0" if r.measured else "not measured"),
-        (cost_text(best.user_attrs, tier, price) if best is not None else "") or "-",
+        (_cost(best, tier, price, r.repeats) if best is not None else "") or "-",
         _defaults_cell(r.default, tier, r.default_repeats),
     )
+
+
+def _cost(best: Trial, tier: str, price: float | None, repeats: dict[str, float] | None) -> str:
+    """The best's cost at its own capacity and, with repeats, at their mean."""
+    own = cost_text(best.user_attrs, tier, price)
+    again = cost_text(best.user_attrs, tier, price, repeats["mean"]) if repeats else ""
+    return f"{own}; at the repeats' mean: {again}" if own and again else own
 
 
 def _defaults_cell(default: Trial | None, tier: str, repeats: dict[str, float] | None = None) -> str:

@@ -10,8 +10,10 @@ used: a step a look passed early ends with its longest requests still in flight,
 counts only part of the tokens the rate produces (study 1's block 1 on the H200:
 reports/gpu-h200/study-1/block1/NOTES.md). Both are read from a
 trial's stored capacity record, so a price given later (``tuner trials --gpu-price``) prices an
-older study too. A trial's GPUs are those its launch was given (``CUDA_VISIBLE_DEVICES``), else one:
-the CPU build's device counts as one.
+older study too. A finalist's fresh-boot repeats give another capacity, their mean: it is priced at
+the trial's output tokens per request (a property of the workload's answers, not of the boot).
+A trial's GPUs are those its launch was given (``CUDA_VISIBLE_DEVICES``), else one: the CPU build's
+device counts as one.
 """
 
 from __future__ import annotations
@@ -36,22 +38,24 @@ def _positive(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
 
 
-def tier_output_tok_s(attrs: Mapping[str, Any], tier: str) -> float | None:
-    """Output tokens/s at a tier's capacity: the capacity times the output tokens per answered request
-    of the step it was decided at (None: no capacity, or an older study without the step's rates)."""
+def tier_output_tok_s(attrs: Mapping[str, Any], tier: str, capacity_req_s: float | None = None) -> float | None:
+    """Output tokens/s at a tier's capacity (the trial's own, or ``capacity_req_s``: its repeats'
+    mean): the capacity times the output tokens per answered request of the step the trial's capacity
+    was decided at (None: no capacity, or an older study without the step's rates)."""
     capacity = attrs.get("capacity")
     record = (capacity.get("tiers") or {}).get(tier) if isinstance(capacity, dict) else None
-    rate = _positive(record.get("capacity_req_s")) if isinstance(record, dict) else None
-    at = step_at_capacity(record) if isinstance(record, dict) and rate is not None else None
+    own = _positive(record.get("capacity_req_s")) if isinstance(record, dict) else None
+    at = step_at_capacity(record) if isinstance(record, dict) and own is not None else None
+    rate = _positive(capacity_req_s) if capacity_req_s is not None else own
     if rate is None or at is None:
         return None
     tok_s, req_s = _positive(at.get("output_throughput_tok_s")), _positive(at.get("request_throughput_req_s"))
     return rate * tok_s / req_s if tok_s is not None and req_s is not None else None
 
 
-def tok_s_per_gpu(attrs: Mapping[str, Any], tier: str) -> float | None:
-    """Output tokens/s per GPU at the tier's capacity."""
-    rate = tier_output_tok_s(attrs, tier)
+def tok_s_per_gpu(attrs: Mapping[str, Any], tier: str, capacity_req_s: float | None = None) -> float | None:
+    """Output tokens/s per GPU at the tier's capacity (``tier_output_tok_s``)."""
+    rate = tier_output_tok_s(attrs, tier, capacity_req_s)
     return None if rate is None else rate / gpus_of(attrs)
 
 
@@ -62,9 +66,10 @@ def usd_per_million_tokens(per_gpu_tok_s: float | None, price_usd_per_gpu_hour: 
     return price_usd_per_gpu_hour / 3600.0 / per_gpu_tok_s * 1e6
 
 
-def cost_text(attrs: Mapping[str, Any], tier: str, price: float | None) -> str:
-    """``1234 tok/s per GPU, $0.56 per million output tokens at $2.50/GPU-hour``, or '' when unknown."""
-    per_gpu = tok_s_per_gpu(attrs, tier)
+def cost_text(attrs: Mapping[str, Any], tier: str, price: float | None, capacity_req_s: float | None = None) -> str:
+    """``1234 tok/s per GPU, $0.56 per million output tokens at $2.50/GPU-hour``, or '' when unknown;
+    at ``capacity_req_s`` (a finalist's repeats' mean) where given, else at the trial's own capacity."""
+    per_gpu = tok_s_per_gpu(attrs, tier, capacity_req_s)
     if per_gpu is None:
         return ""
     dollars = usd_per_million_tokens(per_gpu, price)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import optuna
+import pytest
 from plotly.offline import get_plotlyjs
 
 from tuner.report.capacity import curve, curve_trials, tiers
@@ -355,3 +356,16 @@ def test_summary_holds_the_finalists_repeats_so_far_and_then_their_intervals_and
     assert "| 2 | vllm tuned | 4.1 [3.9, 4.3] n=3 |" in summary
     assert "| 0 | vllm defaults | all failed (3 failed) |" in summary
     assert "- capacity_req_s: verdict: trial 2 is the only finalist that served all its repeats" in summary
+
+
+def test_the_engines_cost_cell_prices_the_repeats_mean_beside_the_trials_own(capacity_study: optuna.Study) -> None:
+    from tuner.report.engines import engines_section
+
+    stats = {"capacity_interactive_req_s": {"mean": 2.0, "low": 1.9, "high": 2.1, "n": 3}}
+    capacity_study.set_user_attr("finalists", [{"trial": 2, "stats": stats, "failures": []}])
+    section = engines_section(capacity_study, price=2.0)
+    cells = re.findall(r"<td>([^<]*tok/s per GPU[^<]*)</td>", section)
+    repeated = [c for c in cells if "; at the repeats&#x27; mean: " in c]
+    assert len(repeated) == 1 and len(cells) == 4, section  # vLLM's best in the interactive tier alone
+    first, second = (float(x) for x in re.findall(r"([\d.]+) tok/s per GPU", repeated[0]))
+    assert second == pytest.approx(first / 2), "trial 2 carried 4 req/s, its repeats 2 on average: half the tokens"

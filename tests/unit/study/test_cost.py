@@ -46,3 +46,13 @@ def test_a_million_tokens_cost_the_gpu_hours_they_take() -> None:
         "1000 tok/s per GPU, $1 per million output tokens at $3.6/GPU-hour"
     )
     assert cost_text(_attrs(30.0, 1000.0), "interactive", None) == "1000 tok/s per GPU"
+
+
+def test_a_finalists_repeats_mean_is_priced_at_the_trials_tokens_per_request() -> None:
+    """The verdict reads the repeats' mean capacity, so the cost beside it is priced at that rate: the
+    trial's step gives the tokens per answered request (48 here), the mean the requests per second."""
+    attrs = _attrs(30.0, 1440.0)
+    assert tok_s_per_gpu(attrs, "interactive", 25.0) == pytest.approx(25.0 * 48.0)
+    assert cost_text(attrs, "interactive", 3.6, 25.0).startswith("1200 tok/s per GPU, $0.833 per million")
+    assert tok_s_per_gpu(attrs, "interactive", 0.0) is None, "repeats that carried nothing: nothing to price"
+    assert tok_s_per_gpu({"capacity": {"tiers": {}}}, "interactive", 25.0) is None, "no step: no tokens per request"
