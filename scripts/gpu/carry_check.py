@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUNDLE_SH = REPO / "scripts" / "gpu" / "bundle.sh"
 ARCHIVE = REPO / ".gpubundle" / "tuner-head.tar.gz"
 PIECES = REPO / ".gpubundle" / "pieces"
-CACHE_PACKS = "engine-cache-*.tar.gz"  # begin.sh carries them beside the archive (plan_block.py)
+CACHE_PACKS = "engine-cache-*.tar.gz"  # scripts/gpu/caches.sh's packs, one per study (common.sh, cache_pack)
 
 
 def piece_bytes() -> int:
@@ -65,6 +65,12 @@ def _bytes(repo: Path, paths: set[str]) -> int:
     return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())
 
 
+def cache_packs(bundle: Path = ARCHIVE.parent) -> list[Path]:
+    """The engine compile caches kept from the studies' last blocks, which both begin.sh calls of a
+    block carry beside the tag's archive (plan_block.py)."""
+    return sorted(bundle.glob(CACHE_PACKS))
+
+
 def carries(piece: int | None) -> dict[str, int]:
     """What each kind of call adds to the tree: the largest piece (``piece`` where given, else as
     built, else as bundle.sh will cut it) and the tag's archive where it is built, with the engine
@@ -72,7 +78,7 @@ def carries(piece: int | None) -> dict[str, int]:
     built = [p.stat().st_size for p in PIECES.glob("p.*")] if PIECES.is_dir() else []
     out = {"largest piece": piece if piece is not None else max(built, default=piece_bytes())}
     if ARCHIVE.is_file():
-        caches = sum(f.stat().st_size for f in ARCHIVE.parent.glob(CACHE_PACKS))
+        caches = sum(f.stat().st_size for f in cache_packs())
         out["tag archive and engine caches" if caches else "tag archive"] = ARCHIVE.stat().st_size + caches
     return out
 

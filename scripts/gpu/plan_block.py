@@ -28,6 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import carry_check  # the sibling script: where the engine caches a block carries are kept
+
 # What a block's calls and trials hold, as the blocks' notes measured them (each block's "Device time"
 # table, the latest: reports/gpu-h100/study-1/block5/NOTES.md; a trial's boot and search: the Trials
 # tables of reports/gpu-h100.md), rounded up so that the polls and finish.sh end inside the budget.
@@ -46,9 +48,6 @@ LAST_TRIAL_S = 700
 # A finalists block's stage (begin.sh keeps it in block.env for the polls' restarts) and the tag it runs from
 FINALISTS_STAGE = "FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1"
 FINALISTS_TAG = "gpu-study-1-finalists"
-# Each study's engine compile caches from its last block (scripts/gpu/caches.sh), carried by begin.sh
-BUNDLE = Path(__file__).resolve().parents[2] / ".gpubundle"
-CACHE_PACKS = "engine-cache-*.tar.gz"
 
 
 @dataclass(frozen=True)
@@ -71,9 +70,10 @@ def plan(budget_left_s: int, start_held_s: int, floor_s: int = ONE_TRIAL_S) -> P
     return Plan(b, b - TRIAL_S, wait)
 
 
-def cache_packs(bundle: Path = BUNDLE) -> list[str]:
-    """The engine compile caches kept from the studies' last blocks, as paths a call carries."""
-    return [f".gpubundle/{f.name}" for f in sorted(bundle.glob(CACHE_PACKS))]
+def cache_packs(bundle: Path = carry_check.ARCHIVE.parent) -> list[str]:
+    """The engine compile caches kept from the studies' last blocks (``carry_check.cache_packs``),
+    as paths a call carries."""
+    return [f".gpubundle/{f.name}" for f in carry_check.cache_packs(bundle)]
 
 
 def messages(p: Plan, finalists: bool = False, caches: tuple[str, ...] = ()) -> list[list[str]]:

@@ -12,7 +12,10 @@ GPU_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "gpu"
 
 
 def load_gpu_script(name: str) -> ModuleType:
-    """scripts/gpu/``name``.py as a module of that name."""
+    """scripts/gpu/``name``.py as a module of that name, importing its siblings as it does when run by
+    path (plan_block.py imports carry_check.py)."""
+    if str(GPU_SCRIPTS) not in sys.path:
+        sys.path.append(str(GPU_SCRIPTS))
     spec = importlib.util.spec_from_file_location(name, GPU_SCRIPTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
