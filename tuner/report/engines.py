@@ -28,6 +28,7 @@ from tuner.report.describe import engine_of, mean_interval, number
 from tuner.study.attrs import is_default, study_attrs_of, trial_attrs
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_trials
+from tuner.study.verdict import intervals_overlap
 
 Trial = optuna.trial.FrozenTrial
 
@@ -86,7 +87,7 @@ def _repeated(first: EngineBest, second: EngineBest) -> str:
     ra, rb = a.repeats or {}, b.repeats or {}
     carried = (f"{a.engine} carried {mean_interval(ra)} req/s and {b.engine} {mean_interval(rb)} "
                "over fresh-boot repeats")  # fmt: skip
-    if ra["low"] <= rb["high"]:
+    if intervals_overlap(ra, rb):
         return f"{carried}: their 95 % intervals overlap, so the repeats cannot tell them apart."
     return f"{carried}: {a.engine} {ra['mean'] / rb['mean']:.2f}x on this workload."
 
@@ -149,8 +150,10 @@ def beside_defaults(r: EngineBest, tier: str) -> str | None:
         if own["mean"] <= 0:
             return f"{figures}: its defaults carried nothing under this tier."
         ratio = tuned["mean"] / own["mean"]
-        if tuned["low"] <= own["high"]:
+        if intervals_overlap(tuned, own):
             return f"{figures}, {ratio:.2f}x: their 95 % intervals overlap, so the repeats cannot tell them apart."
+        if ratio < 1:  # the sampled best's single drive read high: its repeats fell below the defaults'
+            return f"{figures}: {ratio:.2f}x, their 95 % intervals apart: its defaults carried more."
         return f"{figures}: {ratio:.2f}x, their 95 % intervals apart."
     tuned_c, own_c = r.capacity(tier), tier_capacity(default, tier) or 0.0
     figures = f"{head} carried {number(tuned_c)} and {number(own_c)} req/s"

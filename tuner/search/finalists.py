@@ -46,7 +46,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
 from tuner.study.objectives import objective_named
-from tuner.study.verdict import TOO_FEW_RUNS
+from tuner.study.verdict import TOO_FEW_RUNS, intervals_overlap
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
 # what a stress check keeps of its run; the default's are the reference for the others
@@ -303,6 +303,6 @@ def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
     if best.get("low") is None or runner_up.get("low") is None:  # too few runs: no interval to separate
         return {"kind": "tie", "metric": key, "trials": [ranked[0]["trial"], ranked[1]["trial"]],
                 "reason": TOO_FEW_RUNS}  # fmt: skip
-    separated = best["low"] > runner_up["high"]
+    separated = not intervals_overlap(best, runner_up)
     return {"kind": "winner" if separated else "tie", "metric": key,
             "trials": [ranked[0]["trial"]] if separated else [ranked[0]["trial"], ranked[1]["trial"]]}  # fmt: skip

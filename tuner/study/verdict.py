@@ -9,6 +9,12 @@ from typing import Any
 TOO_FEW_RUNS = "too few runs for an interval"
 
 
+def intervals_overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two 95 % intervals (``low`` and ``high``) share any value: the repeats then cannot
+    tell the two apart, whichever mean is higher."""
+    return bool(a["low"] <= b["high"] and b["low"] <= a["high"])
+
+
 def interval_text(stats: Mapping[str, Any], fmt: str = ".1f") -> str:
     """A finalist's ``mean [low, high]`` over its repeats, or its mean and why there is no interval."""
     mean = format(stats["mean"], fmt)

@@ -275,6 +275,12 @@ def test_each_engines_best_is_read_against_its_own_defaults(capacity_study: optu
     repeated = "req/s over fresh-boot repeats{}"
     cases = [  # the finalists' repeats (trial: mean, low, high), then what vLLM's and SGLang's sentences say
         ({}, ("4 and 2 " + one_drive.format("2.00"), "3.5 and 1.5 " + one_drive.format("2.33"))),
+        # a tuned best whose repeats fell wholly below its defaults': apart, the other way round
+        ({2: (1.9, 1.7, 2.1), 0: (2.6, 2.4, 2.8), 3: (3.4, 3.0, 3.8), 1: (3.0, 2.6, 3.4)},
+         ("1.9 [1.7, 2.1] and 2.6 [2.4, 2.8] " + repeated.format(": 0.73x, their 95 % intervals apart: its "
+                                                                 "defaults carried more."),
+          "3.4 [3, 3.8] and 3 [2.6, 3.4] " + repeated.format(", 1.13x: their 95 % intervals overlap, so the repeats "
+                                                             "cannot tell them apart."))),
         ({2: (4.1, 3.9, 4.3), 0: (2.2, 2.0, 2.4), 3: (3.4, 3.0, 3.8), 1: (3.0, 2.6, 3.4)},
          ("4.1 [3.9, 4.3] and 2.2 [2, 2.4] " + repeated.format(": 1.86x, their 95 % intervals apart."),
           "3.4 [3, 3.8] and 3 [2.6, 3.4] " + repeated.format(", 1.13x: their 95 % intervals overlap, so the repeats "
