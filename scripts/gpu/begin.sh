@@ -19,6 +19,7 @@ if [ -f "$STATE/lease.start" ]; then
   exit 0
 fi
 date +%s > "$STATE/lease.start"
+rm -f "$STATE/not-h200"  # a stage mismatch's, from an earlier call 1 on this machine (below)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${GPU:-none}"
 case "$GPU" in  # one study per card: no trial of one card enters the other's file
@@ -32,8 +33,14 @@ esac
 STAGE=$("$PY" "$(dirname "$0")/study_stage.py" "$DB" "$NAME" "$STUDY_TRIALS" 2>&1) || STAGE="unreadable: $STAGE"
 WANT=sampling; [ "${FINALISTS:-0}" -gt 0 ] && WANT=finalists
 echo "study: $NAME at $STAGE booted; this block: $WANT"
+# On a mismatch this machine is not marked as begun: the later calls of this message answer skip (the
+# marker), and call 1 of this card's stage, sent next while the machine is held, begins here instead
+# of waiting for another machine (session 47 gave back an H100 that way: its second call 1 found the
+# mismatched one's mark).
 if [ "${STAGE%% *}" != "$WANT" ]; then
-  echo "stage mismatch: $NAME is at ${STAGE%% *}, the block carries the $WANT stage: nothing started; give the machine back and plan this card's stage (RUNBOOK, \"Two studies, one per card\")" | tee "$STATE/not-h200"
+  THEIRS=gpu-study-1; [ "${STAGE%% *}" = finalists ] && THEIRS=gpu-study-1-finalists
+  echo "stage mismatch: $NAME is at ${STAGE%% *}, the block carries the $WANT stage: nothing started; within about 30 s (the machine is held while not idle longer) run scripts/gpu/archive.sh $THEIRS and send that stage's call 1 (plan_block.py$([ "${STAGE%% *}" = finalists ] && echo " --finalists")) with the same kind: it begins on this machine (RUNBOOK, \"Two studies, one per card\")" | tee "$STATE/not-h200"
+  rm -f "$STATE/lease.start"
   exit 0
 fi
 printf 'export FINALISTS=%s REPEATS=%s STRESS=%s VERIFY=%s\n' "${FINALISTS:-0}" "${REPEATS:-0}" "${STRESS:-0}" \

@@ -6,8 +6,8 @@
 # marked: on a bare one (the block's went away) it answers BARE and does nothing (common.sh).
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
-require_block
 [ -f "$STATE/not-h200" ] && { echo "skip: $(cat "$STATE/not-h200")"; exit 0; }  # begin.sh set nothing up here
+require_block
 for f in .gpubundle/pieces/*; do [ -f "$f" ] && mv -f "$f" "$BUNDLE/pieces/"; done
 if [ ! -d "$STATE/scripts" ]; then cp -r scripts/gpu "$STATE/scripts"; fi
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -172,12 +172,22 @@ def test_a_finalists_block_on_a_card_whose_study_still_samples_starts_nothing(tm
 
 
 def test_a_sampling_block_on_a_card_whose_study_is_done_sampling_starts_nothing(tmp_path: Path) -> None:
+    """...and leaves the machine unmarked, so that the right stage's call 1, sent next while it is
+    held, begins on it: in session 47 a second call 1 found the mismatched one's mark ("begun on
+    this machine 19 s ago") and the H100 it held ran nothing."""
     path = _card(tmp_path, "NVIDIA H100 80GB HBM3")
     begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path)
     assert begun.returncode == 0, begun.stdout + begun.stderr
     assert "study: rag-h100-study-1 at finalists 18 booted; this block: sampling" in begun.stdout
+    assert "archive.sh gpu-study-1-finalists" in begun.stdout and "plan_block.py --finalists" in begun.stdout
     assert "stage mismatch" in (tmp_path / "state" / "not-h200").read_text()
     assert not (tmp_path / "state" / "study.log").exists()
+    assert not (tmp_path / "state" / "lease.start").exists()
+    for name, args in (("recv.sh", ()), ("block_poll.sh", ("920", "600"))):  # this message's later calls
+        done = _gpu_script(name, *args, root=tmp_path, path=path)
+        assert done.returncode == 0 and done.stdout.startswith("skip"), (name, done.stdout, done.stderr)
+    again = _gpu_script("begin.sh", "900", root=tmp_path, path=path)
+    assert "study: rag-h100-study-1 at finalists 18 booted" in again.stdout, again.stdout + again.stderr
 
 
 def test_the_engine_caches_go_back_in_parts_after_a_boot_and_unpack_on_the_next_block(tmp_path: Path) -> None:
