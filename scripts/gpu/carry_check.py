@@ -28,7 +28,9 @@ CALL_LIMIT_BYTES = 64 * MIB
 MARGIN_BYTES = 4 * MIB
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE_SH = REPO / "scripts" / "gpu" / "bundle.sh"
-ARCHIVE = REPO / ".gpubundle" / "tuner-head.tar.gz"
+BUNDLE = REPO / ".gpubundle"
+ARCHIVE = BUNDLE / "tuner-head.tar.gz"  # archive.sh TAG's: what capacity_check.sh runs
+STAGES_SH = REPO / "scripts" / "gpu" / "stages.sh"
 PIECES = REPO / ".gpubundle" / "pieces"
 CACHE_PACKS = "engine-cache-*.tar.gz"  # scripts/gpu/caches.sh's packs, one per study (common.sh, cache_pack)
 
@@ -65,21 +67,39 @@ def _bytes(repo: Path, paths: set[str]) -> int:
     return sum((repo / p).stat().st_size for p in paths if (repo / p).is_file())
 
 
-def cache_packs(bundle: Path = ARCHIVE.parent) -> list[Path]:
+def cache_packs(bundle: Path = BUNDLE) -> list[Path]:
     """The engine compile caches kept from the studies' last blocks, which both begin.sh calls of a
-    block carry beside the tag's archive (plan_block.py)."""
+    block carry beside the stages' archives (plan_block.py)."""
     return sorted(bundle.glob(CACHE_PACKS))
+
+
+def stage_archives(repo: Path = REPO) -> list[str]:
+    """Every stage's archive and its commit, as paths under ``repo`` that call 1 carries: stages.sh's
+    ``STAGES`` and ``stage_archive``, read from the script as the device sources it."""
+    text = STAGES_SH.read_text()
+    stages = re.search(r"^STAGES=\(([^)]*)\)", text, re.MULTILINE)
+    archive = re.search(r'^stage_archive\(\) \{ echo "([^"]*)\$1([^"]*)"; \}', text, re.MULTILINE)
+    if stages is None or archive is None:
+        raise SystemExit(f"carry_check: no STAGES=(...) or stage_archive() {{ echo ...; }} in {STAGES_SH}")
+    paths = []
+    for stage in stages.group(1).split():
+        path = f"{archive.group(1)}{stage}{archive.group(2)}"
+        paths += [path, path.removesuffix(".tar.gz") + ".commit"]
+    return paths
 
 
 def carries(piece: int | None) -> dict[str, int]:
     """What each kind of call adds to the tree: the largest piece (``piece`` where given, else as
-    built, else as bundle.sh will cut it) and the tag's archive where it is built, with the engine
-    caches begin.sh carries beside it."""
+    built, else as bundle.sh will cut it) and, where built, call 1's stage archives (else a single
+    tag's archive) with the engine caches begin.sh carries beside them."""
     built = [p.stat().st_size for p in PIECES.glob("p.*")] if PIECES.is_dir() else []
     out = {"largest piece": piece if piece is not None else max(built, default=piece_bytes())}
-    if ARCHIVE.is_file():
+    staged = [REPO / p for p in stage_archives() if (REPO / p).is_file()]
+    archives = sum(f.stat().st_size for f in staged) or (ARCHIVE.stat().st_size if ARCHIVE.is_file() else 0)
+    if archives:
         caches = sum(f.stat().st_size for f in cache_packs())
-        out["tag archive and engine caches" if caches else "tag archive"] = ARCHIVE.stat().st_size + caches
+        what = "stage archives" if staged else "tag archive"
+        out[f"{what} and engine caches" if caches else what] = archives + caches
     return out
 
 

@@ -16,6 +16,7 @@ CAPTURES=$ROOT/captures        # pynvml samples and /metrics scrapes taken besid
 CACHE=$STATE/cache
 # The packed caches of one study (STUDY_NAME): .gpubundle/ holds it here, $OUT its parts on the way back.
 cache_pack() { echo "engine-cache-$1.tar.gz"; }
+. "$(dirname "${BASH_SOURCE[0]}")/stages.sh"  # the studies' two stages: their tags, settings, archives
 # NVLink multicast stays off (KINDS.md), in every process started from here.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1

@@ -2,7 +2,7 @@
 before the block and the seconds a start holds (the last start that came: the RUNBOOK's "The probe is
 call 1" and the blocks' notes hold what starts held):
 
-    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists] [--last]
+    python3 scripts/gpu/plan_block.py BUDGET_LEFT_S START_HELD_S [--last]
 
 It prints `T` (no trial starts after it), `W` (each poll's wait) and every call of the block's two
 messages in order. The first message is begin.sh alone: it is the probe. Session 37 probed, gave the
@@ -15,8 +15,9 @@ probe's give_back cost every time).
 `--last` is for the session's last device time, which is lost when the session ends: it plans one
 trial down to a lower floor, a trial that may be cut by the lease's end (the RUNBOOK's "Below the
 floor, at a session's end").
-`--finalists` writes a finalists block's calls: begin.sh with the stage the RUNBOOK names (each tier's
-best and each engine's defaults repeated, the stress check, `tuner verify`), from the finalists' tag.
+Call 1 carries both stages' archives (``archive.sh stages``): the card it gets picks its study and
+that study's stage on the device (pick_stage.sh). Until session 47 the plan wrote one stage
+(`--finalists`) before the card was known, and a machine whose study was at the other stage ran nothing.
 Written by hand, these came out wrong once: block 5 of the H100 study took `T` from the RUNBOOK's
 worked example, not from its own budget, and gave back 601 s where a third trial could have run
 (reports/gpu-h100/study-1/block5/NOTES.md).
@@ -45,9 +46,6 @@ TRIAL_S = 600  # a cold trial from boot to score: one started at T ends by the l
 ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failures have eaten the budget")
 # --last: start, setup and a trial as short as a pruned one, with the calls (the H100 study's block 7)
 LAST_TRIAL_S = 700
-# A finalists block's stage (begin.sh keeps it in block.env for the polls' restarts) and the tag it runs from
-FINALISTS_STAGE = "FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1"
-FINALISTS_TAG = "gpu-study-1-finalists"
 
 
 @dataclass(frozen=True)
@@ -70,18 +68,34 @@ def plan(budget_left_s: int, start_held_s: int, floor_s: int = ONE_TRIAL_S) -> P
     return Plan(b, b - TRIAL_S, wait)
 
 
-def cache_packs(bundle: Path = carry_check.ARCHIVE.parent) -> list[str]:
-    """The engine compile caches kept from the studies' last blocks (``carry_check.cache_packs``),
-    as paths a call carries."""
-    return [f".gpubundle/{f.name}" for f in carry_check.cache_packs(bundle)]
+def cache_packs(bundle: Path = carry_check.BUNDLE, room: int | None = None) -> tuple[list[str], list[str]]:
+    """The engine compile caches kept from the studies' last blocks (``carry_check.cache_packs``), as
+    paths call 1 carries, newest first while they fit in ``room`` bytes (beside the tree and the
+    stages' archives; no limit where None), and those left out. Call 1 does not know its card yet, so
+    it carries both studies' packs where they fit."""
+    carried: list[str] = []
+    left: list[str] = []
+    for f in sorted(carry_check.cache_packs(bundle), key=lambda f: -f.stat().st_mtime):
+        fits = room is None or f.stat().st_size <= room
+        (carried if fits else left).append(f".gpubundle/{f.name}")
+        if fits and room is not None:
+            room -= f.stat().st_size
+    return carried, left
 
 
-def messages(p: Plan, finalists: bool = False, caches: tuple[str, ...] = ()) -> list[list[str]]:
-    """The block's two messages, each a list of calls in order (kind nvidia-h200 for each); begin.sh
-    carries ``caches`` (``cache_packs``) beside the tag's archive and unpacks its card study's."""
-    carry = " ".join(["carry .gpubundle/tuner-head.tar.gz .gpubundle/tuner-head.commit", *caches])
-    stage = f"{FINALISTS_STAGE} " if finalists else ""
-    begin = f"run, timeout 120, {carry}: {stage}bash scripts/gpu/begin.sh {p.trial_deadline_s}"
+def call1_room() -> int:
+    """The bytes call 1 may carry beyond the slim tree and the stages' archives."""
+    archives = sum((carry_check.REPO / a).stat().st_size for a in carry_check.stage_archives()
+                   if (carry_check.REPO / a).is_file())  # fmt: skip
+    return carry_check.CALL_LIMIT_BYTES - carry_check.MARGIN_BYTES - carry_check.tree_bytes() - archives
+
+
+def messages(p: Plan, caches: tuple[str, ...] = ()) -> list[list[str]]:
+    """The block's two messages, each a list of calls in order; begin.sh carries both stages'
+    archives and ``caches`` (``cache_packs``), picks its card's study and stage, and unpacks that
+    study's caches."""
+    carry = " ".join(["carry", *carry_check.stage_archives(), *caches])
+    begin = f"run, timeout 120, {carry}: bash scripts/gpu/begin.sh {p.trial_deadline_s}"
     pieces = [f"run, timeout 120, carry .gpubundle/pieces/p.{i:02d}: bash scripts/gpu/recv.sh | head -1"
               for i in range(PIECES)]  # fmt: skip
     polls = []
@@ -92,10 +106,10 @@ def messages(p: Plan, finalists: bool = False, caches: tuple[str, ...] = ()) -> 
 
 
 def main(argv: list[str]) -> int:
-    finalists, last = "--finalists" in argv, "--last" in argv
-    argv = [a for a in argv if a not in ("--finalists", "--last")]
+    last = "--last" in argv
+    argv = [a for a in argv if a != "--last"]
     if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        print("usage: plan_block.py BUDGET_LEFT_S START_HELD_S [--finalists] [--last]", file=sys.stderr)
+        print("usage: plan_block.py BUDGET_LEFT_S START_HELD_S [--last]", file=sys.stderr)
         return 2
     budget_left_s, held_s = map(int, argv)
     floor_s = LAST_TRIAL_S if last else ONE_TRIAL_S
@@ -107,14 +121,18 @@ def main(argv: list[str]) -> int:
     if budget_left_s < ONE_TRIAL_S:
         print(f"--last: under {ONE_TRIAL_S} s, the one trial may be cut (finish.sh fails it, the next block queues "
               "it again)")  # fmt: skip
-    if finalists:
-        print(f"finalists: the carried archive must be the finalists' tag (scripts/gpu/archive.sh {FINALISTS_TAG})")
+    missing = [a for a in carry_check.stage_archives() if not (carry_check.REPO / a).is_file()]
+    if missing:  # the plan's numbers stand; its call 1 would begin nothing on the device
+        print(f"stages: {', '.join(missing)} not built: run scripts/gpu/archive.sh stages before call 1")
     heads = ("alone; no machine: no block, plan again later", "at once when it came back with a machine")
     n = 0
-    caches = tuple(cache_packs())
+    carried, left = cache_packs(room=call1_room())
+    caches = tuple(carried)
     kept = f"engine caches carried: {', '.join(caches)}"
     print(kept if caches else "engine caches: none kept; the engines compile afresh")
-    for head, calls in zip(heads, messages(p, finalists, caches), strict=True):
+    if left:
+        print(f"engine caches left out (call 1 would not fit them): {', '.join(left)}")
+    for head, calls in zip(heads, messages(p, caches), strict=True):
         print(f"message ({head}):")
         for call in calls:
             n += 1

@@ -1,9 +1,9 @@
 """Which stage a card's study is at, from its file: ``sampling N`` or ``finalists N`` (N booted trials).
 
-Run by begin.sh on the device before anything is set up (python3 with the standard library only:
-the tuner is not installed yet), so that a block whose stage (FINALISTS) does not match its card's
-study starts nothing: a finalists block whose call 1 gets an H200 would otherwise sample the H200
-study's remaining trials from the finalists' tag, not from ``gpu-study-1``
+Run by pick_stage.sh in a block's call 1 on the device before anything is set up (python3 with the
+standard library only: the tuner is not installed yet): call 1 carries both stages' archives, and
+the stage read here picks which one runs and with which settings, so that a card whose study still
+samples samples from ``gpu-study-1`` and one at its finalists repeats them from the finalists' tag
 (reports/gpu-h200/study-1/RUNBOOK.md, "Two studies, one per card").
 
 A study samples until it has ``TRIALS`` booted trials, counted as ``tuner.fleet.loop.boots_used``

@@ -4,6 +4,7 @@ lease cannot finish."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -35,7 +36,9 @@ def test_the_messages_are_the_runbooks_calls_in_order() -> None:
     p = pb.plan(1770, 29)
     first, second = pb.messages(p)
     begin = f"bash scripts/gpu/begin.sh {p.trial_deadline_s}"
-    assert len(first) == 1 and first[0].endswith(begin) and "tuner-head.tar.gz" in first[0], "begin.sh alone probes"
+    assert len(first) == 1 and first[0].endswith(begin), "begin.sh alone probes"
+    for stage in ("sampling", "finalists"):  # both: the card it gets picks one (pick_stage.sh)
+        assert f".gpubundle/stage-{stage}.tar.gz .gpubundle/stage-{stage}.commit" in first[0]
     assert second[0] == first[0], "the rest starts the block again where the first machine went back"
     pieces, third = second[1 : 1 + pb.PIECES], second[1 + pb.PIECES :]
     assert [re.search(r"p\.(\d\d)", c).group(1) for c in pieces] == [f"{i:02d}" for i in range(pb.PIECES)]  # type: ignore[union-attr]
@@ -57,9 +60,9 @@ def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
     lines = printed.stdout.splitlines()
     p = pb.plan(1770, 29)
     assert lines[0] == f"B 1741 s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})"
-    calls = sum(len(m) for m in pb.messages(p))
-    assert len(lines) == 2 + len(pb.messages(p)) + calls  # B/T/W, the engine caches carried, the messages
-    assert lines[1].startswith("engine caches")
+    calls = [c for m in pb.messages(p) for c in m]
+    assert [line.split(". ", 1)[1] for line in lines if re.match(r"^ ?\d+\. ", line)] == calls
+    assert any(line.startswith("engine caches") for line in lines)
     assert [line for line in lines if line.startswith("message")][0].startswith("message (alone")
     bad = subprocess.run([sys.executable, str(SCRIPT), "many"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
@@ -79,27 +82,39 @@ def test_the_last_device_time_plans_one_trial_below_the_floor_and_says_it_may_be
     assert "may be cut" not in above.stdout, "above the floor --last plans a block like any other"
 
 
-def test_a_finalists_block_begins_with_the_runbooks_stage_in_both_begin_calls() -> None:
+def test_no_call_names_a_stage_the_device_picks_it() -> None:
+    """Until session 47 a finalists block's begin.sh carried its stage (FINALISTS=1 ...) and one tag's
+    archive, chosen before the card was known; the card now picks (pick_stage.sh)."""
     pb = load_gpu_script("plan_block")
     p = pb.plan(1770, 29)
-    first, second = pb.messages(p, finalists=True)
-    stage = f"FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1 bash scripts/gpu/begin.sh {p.trial_deadline_s}"
-    assert first[0].endswith(stage) and second[0] == first[0], "a fresh machine's begin.sh runs the same stage"
-    assert second[1:] == pb.messages(p)[1][1:], "the pieces and polls are a sampling block's"
-    printed = subprocess.run(
-        [sys.executable, str(SCRIPT), "1770", "29", "--finalists"], capture_output=True, text=True, check=True
-    ).stdout
-    assert "archive.sh gpu-study-1-finalists" in printed.splitlines()[1] and printed.count(stage) == 2
+    assert not any("FINALISTS" in call or "tuner-head" in call for m in pb.messages(p) for call in m)
+    printed = subprocess.run([sys.executable, str(SCRIPT), "1770", "29", "--finalists"], capture_output=True,
+                             text=True, check=False)  # fmt: skip
+    assert printed.returncode == 2 and "usage" in printed.stderr
 
 
 def test_both_begin_calls_carry_the_engine_caches_kept(tmp_path: Path) -> None:
     pb = load_gpu_script("plan_block")
-    assert pb.cache_packs(tmp_path) == []
+    assert pb.cache_packs(tmp_path) == ([], [])
     (tmp_path / "engine-cache-rag-h100-study-1.tar.gz").write_bytes(b"x")
-    (tmp_path / "tuner-head.tar.gz").write_bytes(b"x")
-    kept = tuple(pb.cache_packs(tmp_path))
-    assert kept == (".gpubundle/engine-cache-rag-h100-study-1.tar.gz",)
+    (tmp_path / "stage-finalists.tar.gz").write_bytes(b"x")
+    carried, left = pb.cache_packs(tmp_path)
+    kept = tuple(carried)
+    assert kept == (".gpubundle/engine-cache-rag-h100-study-1.tar.gz",) and left == []
     p = pb.plan(1770, 29)
-    first, second = pb.messages(p, finalists=True, caches=kept)
-    assert first[0] == second[0] and f"tuner-head.commit {kept[0]}: " in first[0]
+    first, second = pb.messages(p, caches=kept)
+    assert first[0] == second[0] and f"stage-finalists.commit {kept[0]}: " in first[0]
     assert all(kept[0] not in call for call in second[1:]), "only begin.sh carries them"
+
+
+def test_call_1_carries_the_newest_caches_that_fit_and_names_the_rest(tmp_path: Path) -> None:
+    """Call 1 does not know its card, so it carries both studies' packs, but only as many as fit
+    beside the tree and the archives; the newest first (the study that ran last)."""
+    pb = load_gpu_script("plan_block")
+    older, newer = tmp_path / "engine-cache-rag-h200-study-1.tar.gz", tmp_path / "engine-cache-rag-h100-study-1.tar.gz"
+    older.write_bytes(b"x" * 300)
+    newer.write_bytes(b"x" * 200)
+    os.utime(older, (1, 1))
+    assert pb.cache_packs(tmp_path, room=400) == ([f".gpubundle/{newer.name}"], [f".gpubundle/{older.name}"])
+    assert pb.cache_packs(tmp_path, room=500) == ([f".gpubundle/{newer.name}", f".gpubundle/{older.name}"], [])
+    assert pb.call1_room() < load_gpu_script("carry_check").CALL_LIMIT_BYTES

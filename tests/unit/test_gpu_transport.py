@@ -17,6 +17,7 @@ import tarfile
 from pathlib import Path
 
 import optuna
+import pytest
 
 from tests.unit.gpu_scripts import GPU_SCRIPTS, load_gpu_script
 from tests.unit.study_files import H100_STUDY, H200_STUDY
@@ -73,7 +74,7 @@ def test_the_study_archive_holds_what_a_block_runs_and_leaves_the_bulk_out() -> 
     takes out of it, the search space; no reports or benchmark tables (study.sh resumes the study file
     from the working tree)."""
     script = (GPU_SCRIPTS / "archive.sh").read_text()
-    assert '"$TAG" -- . "${bulk[@]}"' in script and "slim.sh pathspec" in script
+    assert '"$1" -- . "${bulk[@]}"' in script and "slim.sh pathspec" in script
     bulk = _slim("pathspec")
     blob = subprocess.run(["git", "archive", "--format=tar", "HEAD", "--", ".", *bulk],
                           cwd=ROOT, capture_output=True, check=True).stdout  # fmt: skip
@@ -86,16 +87,32 @@ def test_the_study_archive_holds_what_a_block_runs_and_leaves_the_bulk_out() -> 
 
 
 def _gpu_script(
-    name: str, *args: str, root: Path, path: str | None = None, stage: dict[str, str] | None = None
+    name: str, *args: str, root: Path, path: str | None = None, repo: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
-    """One of a block's scripts as a device call runs it (from the repository root), with the
-    machine's state under ``root`` instead of /root and the block's ``stage`` (FINALISTS ...) in its
-    environment. A script that waits where it should answer at once fails by the timeout."""
-    env = {**os.environ, "GPU_ROOT": str(root), "OUT": str(root / "out"), **(stage or {})}
+    """One of a block's scripts as a device call runs it (from the repository copy ``repo``), with
+    the machine's state under ``root`` instead of /root. A script that waits where it should answer
+    at once fails by the timeout."""
+    env = {**os.environ, "GPU_ROOT": str(root), "OUT": str(root / "out")}
     if path is not None:
         env["PATH"] = path
-    return subprocess.run(["bash", str(GPU_SCRIPTS / name), *args], cwd=ROOT, env=env,
+    return subprocess.run(["bash", str(GPU_SCRIPTS / name), *args], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+def _device_repo(tmp_path: Path, archives: bool = True) -> Path:
+    """A repository copy as call 1 finds it: both cards' study files and, where ``archives``, both
+    stages' archives as plan_block.py's call 1 carries them (stand-in bytes: pick_stage.sh only
+    copies the one it picks)."""
+    repo = tmp_path / "repo"
+    for study in (H100_STUDY, H200_STUDY):
+        kept = repo / study.relative_to(ROOT)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.symlink_to(study)  # read-only: study_stage.py opens it mode=ro
+    (repo / ".gpubundle").mkdir()
+    for stage in ("sampling", "finalists") if archives else ():
+        (repo / ".gpubundle" / f"stage-{stage}.tar.gz").write_bytes(f"{stage} archive".encode())
+        (repo / ".gpubundle" / f"stage-{stage}.commit").write_text(f"{stage[:7]}\n")
+    return repo
 
 
 def _card(tmp_path: Path, name: str) -> str:
@@ -156,37 +173,43 @@ def test_the_stage_read_on_the_device_counts_the_booted_trials_as_the_search_doe
     assert stage.booted_trials(str(H100_STUDY), "another-study") == 0
 
 
-def test_a_finalists_block_on_a_card_whose_study_still_samples_starts_nothing(tmp_path: Path) -> None:
-    """A finalists block carries the finalists' tag; its call 1 may get an H200, whose study still
-    samples (7 of 18), and would sample it from that tag instead of gpu-study-1. begin.sh reads the
-    card's study first and starts nothing there, and the block's later calls answer skip."""
-    path = _card(tmp_path, "NVIDIA H200")
-    finalists = {"FINALISTS": "1", "REPEATS": "3", "STRESS": "1", "VERIFY": "1"}
-    begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path, stage=finalists)
-    assert begun.returncode == 0, begun.stdout + begun.stderr
-    assert "study: rag-h200-study-1 at sampling 7 booted; this block: finalists" in begun.stdout
-    assert "stage mismatch" in (tmp_path / "state" / "not-h200").read_text()
-    done = _gpu_script("recv.sh", root=tmp_path, path=path)
-    assert done.returncode == 0 and done.stdout.startswith("skip: stage mismatch"), done.stdout + done.stderr
-    assert not (tmp_path / "state" / "setup.pid").exists() and not (tmp_path / "state" / "study.log").exists()
+@pytest.mark.parametrize(("card", "study", "stage", "settings"), [
+    ("NVIDIA H100 80GB HBM3", "rag-h100-study-1", "finalists 18", "FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1"),
+    ("NVIDIA H200", "rag-h200-study-1", "sampling 7", "FINALISTS=0 REPEATS=0 STRESS=0 VERIFY=0"),
+])  # fmt: skip
+def test_call_1_runs_the_stage_its_cards_study_is_at_from_that_stages_archive(
+    tmp_path: Path, card: str, study: str, stage: str, settings: str
+) -> None:
+    """Call 1 carries both stages' archives and the card picks: in session 47 a sampling block's call
+    1 got an H100, whose study is at its finalists, and that machine ran nothing."""
+    repo, path = _device_repo(tmp_path), _card(tmp_path, card)
+    carried = load_gpu_script("carry_check").stage_archives()  # what plan_block.py's call 1 carries
+    assert sorted(carried) == sorted(str(f.relative_to(repo)) for f in (repo / ".gpubundle").glob("stage-*"))
+    picked = _gpu_script("pick_stage.sh", root=tmp_path, path=path, repo=repo)
+    assert picked.returncode == 0, picked.stdout + picked.stderr
+    name = stage.split()[0]
+    assert f"study: {study} at {stage} booted; this block: {name}" in picked.stdout
+    env = (tmp_path / "state" / "block.env").read_text().splitlines()
+    assert env == [f"export {settings}", f"BLOCK_STUDY={study} BLOCK_DB=reports/gpu-{study[4:8]}/study-1/{study}.db"]
+    assert (repo / ".gpubundle" / "tuner-head.tar.gz").read_bytes() == f"{name} archive".encode()
+    assert (repo / ".gpubundle" / "tuner-head.commit").read_text() == f"{name[:7]}\n"
+    assert not (tmp_path / "state" / "not-h200").exists()
 
 
-def test_a_sampling_block_on_a_card_whose_study_is_done_sampling_starts_nothing(tmp_path: Path) -> None:
-    """...and leaves the machine unmarked, so that the right stage's call 1, sent next while it is
-    held, begins on it: in session 47 a second call 1 found the mismatched one's mark ("begun on
-    this machine 19 s ago") and the H100 it held ran nothing."""
-    path = _card(tmp_path, "NVIDIA H100 80GB HBM3")
-    begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path)
+def test_call_1_without_the_stages_archives_starts_nothing_and_leaves_the_machine_unmarked(tmp_path: Path) -> None:
+    """A call 1 that did not carry its stage's archive (the older plan's, or archive.sh not run)
+    starts nothing; the rest of its message answers skip, and call 1 sent again with the archives
+    while the machine is held begins on it rather than answering "begun on this machine"."""
+    repo, path = _device_repo(tmp_path, archives=False), _card(tmp_path, "NVIDIA H100 80GB HBM3")
+    begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path, repo=repo)
     assert begun.returncode == 0, begun.stdout + begun.stderr
-    assert "study: rag-h100-study-1 at finalists 18 booted; this block: sampling" in begun.stdout
-    assert "archive.sh gpu-study-1-finalists" in begun.stdout and "plan_block.py --finalists" in begun.stdout
-    assert "stage mismatch" in (tmp_path / "state" / "not-h200").read_text()
-    assert not (tmp_path / "state" / "study.log").exists()
-    assert not (tmp_path / "state" / "lease.start").exists()
+    assert "no .gpubundle/stage-finalists.tar.gz carried" in (tmp_path / "state" / "not-h200").read_text()
+    assert not (tmp_path / "state" / "lease.start").exists() and not (tmp_path / "state" / "study.log").exists()
     for name, args in (("recv.sh", ()), ("block_poll.sh", ("920", "600"))):  # this message's later calls
-        done = _gpu_script(name, *args, root=tmp_path, path=path)
+        done = _gpu_script(name, *args, root=tmp_path, path=path, repo=repo)
         assert done.returncode == 0 and done.stdout.startswith("skip"), (name, done.stdout, done.stderr)
-    again = _gpu_script("begin.sh", "900", root=tmp_path, path=path)
+    assert not (tmp_path / "state" / "setup.pid").exists()
+    again = _gpu_script("begin.sh", "900", root=tmp_path, path=path, repo=repo)
     assert "study: rag-h100-study-1 at finalists 18 booted" in again.stdout, again.stdout + again.stderr
 
 
