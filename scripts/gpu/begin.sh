@@ -21,10 +21,11 @@ if [ -f "$STATE/lease.start" ]; then
 fi
 date +%s > "$STATE/lease.start"
 rm -f "$STATE/not-h200"  # an earlier call 1's on this machine, whose archives were missing (below)
-if ! bash "$(dirname "$0")/pick_stage.sh"; then
-  # Unmarked where the archives were missing, so that call 1 sent again with them, while the machine
-  # is held, begins here; on neither card nothing ever may.
-  grep -q "^no .* carried" "$STATE/not-h200" && rm -f "$STATE/lease.start"
+bash "$(dirname "$0")/pick_stage.sh"; picked=$?
+if [ "$picked" -ne 0 ]; then
+  # Unmarked where the archives were missing (2), so that call 1 sent again with them, while the
+  # machine is held, begins here; on neither card nothing ever may.
+  [ "$picked" -eq 2 ] && rm -f "$STATE/lease.start"
   exit 0
 fi
 . "$STATE/block.env"

@@ -73,8 +73,8 @@ def cache_packs(bundle: Path = BUNDLE) -> list[Path]:
     return sorted(bundle.glob(CACHE_PACKS))
 
 
-def stage_archives(repo: Path = REPO) -> list[str]:
-    """Every stage's archive and its commit, as paths under ``repo`` that call 1 carries: stages.sh's
+def stage_archives() -> list[str]:
+    """Every stage's archive and its commit, as repository paths that call 1 carries: stages.sh's
     ``STAGES`` and ``stage_archive``, read from the script as the device sources it."""
     text = STAGES_SH.read_text()
     stages = re.search(r"^STAGES=\(([^)]*)\)", text, re.MULTILINE)
@@ -88,14 +88,20 @@ def stage_archives(repo: Path = REPO) -> list[str]:
     return paths
 
 
+def stage_archive_bytes(repo: Path = REPO) -> int:
+    """The bytes of the stages' archives built so far (``stage_archives``): what call 1 carries
+    before any engine cache."""
+    return sum((repo / p).stat().st_size for p in stage_archives() if (repo / p).is_file())
+
+
 def carries(piece: int | None) -> dict[str, int]:
     """What each kind of call adds to the tree: the largest piece (``piece`` where given, else as
     built, else as bundle.sh will cut it) and, where built, call 1's stage archives (else a single
     tag's archive) with the engine caches begin.sh carries beside them."""
     built = [p.stat().st_size for p in PIECES.glob("p.*")] if PIECES.is_dir() else []
     out = {"largest piece": piece if piece is not None else max(built, default=piece_bytes())}
-    staged = [REPO / p for p in stage_archives() if (REPO / p).is_file()]
-    archives = sum(f.stat().st_size for f in staged) or (ARCHIVE.stat().st_size if ARCHIVE.is_file() else 0)
+    staged = stage_archive_bytes()
+    archives = staged or (ARCHIVE.stat().st_size if ARCHIVE.is_file() else 0)
     if archives:
         caches = sum(f.stat().st_size for f in cache_packs())
         what = "stage archives" if staged else "tag archive"

@@ -11,7 +11,7 @@ CAPTURES=$ROOT/captures        # pynvml samples and /metrics scrapes taken besid
 # The engines' compile caches (vLLM's torch.compile, inductor, triton, flashinfer/deep_gemm JIT), where
 # study.sh and capacity_check.sh point them. A study's blocks carry them from one to the next
 # (poll.sh packs them, begin.sh unpacks them): a block's first boot of vLLM otherwise compiles what
-# the block before compiled, and it took 200 s against the 66 s of the next boot on the same machine
+# the block before compiled, and a cold boot took far longer than the next boot on the same machine
 # (reports/gpu-h100/study-1/block12/NOTES.md, "The repeats of vLLM's defaults").
 CACHE=$STATE/cache
 # The packed caches of one study (STUDY_NAME): .gpubundle/ holds it here, $OUT its parts on the way back.

@@ -85,8 +85,7 @@ def cache_packs(bundle: Path = carry_check.BUNDLE, room: int | None = None) -> t
 
 def call1_room() -> int:
     """The bytes call 1 may carry beyond the slim tree and the stages' archives."""
-    archives = sum((carry_check.REPO / a).stat().st_size for a in carry_check.stage_archives()
-                   if (carry_check.REPO / a).is_file())  # fmt: skip
+    archives = carry_check.stage_archive_bytes()
     return carry_check.CALL_LIMIT_BYTES - carry_check.MARGIN_BYTES - carry_check.tree_bytes() - archives
 
 
