@@ -40,7 +40,7 @@ CALL1_AND_FINISH_S = 60  # call 1 and finish.sh together
 MESSAGE_GAP_S = 30  # held and idle while the next message is written: at most the machine's idle release
 GAPS = 1  # begin.sh's message, then the rest
 POLLS = 6
-POLL_MARGIN_S = 5  # per poll: its own start and the copy it brings back
+POLL_MARGIN_S = 10  # per poll: its own start and the copy it brings back (block 14 of the H100 study: 7 to 12 s)
 POLL_TIMEOUT_EXTRA_S = 100  # a poll's limit over its wait: block_poll.sh prints and copies after waiting
 TRIAL_S = 600  # a cold trial from boot to score: one started at T ends by the last poll
 ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failures have eaten the budget")
@@ -64,8 +64,21 @@ def plan(budget_left_s: int, start_held_s: int, floor_s: int = ONE_TRIAL_S) -> P
     if budget_left_s < floor_s:  # the floor holds a start already: not taken off twice
         return None
     b = budget_left_s - start_held_s
-    wait = (b - (PIECES + 1) * PIECE_CALL_S - CALL1_AND_FINISH_S - GAPS * MESSAGE_GAP_S) // POLLS - POLL_MARGIN_S
-    return Plan(b, b - TRIAL_S, wait)
+    return Plan(b, b - TRIAL_S, poll_wait_s(b))
+
+
+def poll_wait_s(left_s: int) -> int:
+    """Each poll's wait `W` where ``left_s`` is the budget once the block's machine has started: the
+    polls, the pieces and finish.sh end inside it."""
+    return (left_s - (PIECES + 1) * PIECE_CALL_S - CALL1_AND_FINISH_S - GAPS * MESSAGE_GAP_S) // POLLS - POLL_MARGIN_S
+
+
+def waits_after_call1(p: Plan, rows: int = 10, step_s: int = 30) -> list[tuple[int, int]]:
+    """(budget left, `W`) for starts longer than the plan took: message 2 is written after call 1's
+    reply shows the budget its start left, so its polls take the first row at or below that figure.
+    The H100 study's block 14 planned a 30 s start, its start took 89 s, and finish.sh got 1 s
+    (reports/gpu-h100/study-1/block14/NOTES.md)."""
+    return [(p.budget_s - i * step_s, poll_wait_s(p.budget_s - i * step_s)) for i in range(1, rows + 1)]
 
 
 def cache_packs(bundle: Path = carry_check.BUNDLE, room: int | None = None) -> tuple[list[str], list[str]]:
@@ -136,6 +149,9 @@ def main(argv: list[str]) -> int:
         for call in calls:
             n += 1
             print(f"{n:2d}. {call}")
+    rows = ", ".join(f"{left} W {wait}" for left, wait in waits_after_call1(p))
+    print(f"polls' W where call 1 left less than {p.budget_s} s (its start took longer; the first row at or below "
+          f"its budget_left_s, poll timeout W + {POLL_TIMEOUT_EXTRA_S}): {rows}")  # fmt: skip
     return 0
 
 

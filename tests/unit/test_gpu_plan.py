@@ -31,6 +31,25 @@ def test_the_polls_end_inside_the_budget_and_the_last_trial_by_the_last_poll(bud
     assert p.trial_deadline_s == p.budget_s - pb.TRIAL_S, "and T is no earlier than that: an earlier T leaves budget"
 
 
+def test_a_longer_start_than_planned_gets_shorter_polls_that_still_leave_finish_sh_its_time() -> None:
+    """Block 14 of the H100 study planned a 30 s start; it took 89 s, and finish.sh got 1 s. Message 2
+    is written after call 1's reply, so its polls take the W of the budget that reply shows."""
+    pb = load_gpu_script("plan_block")
+    p = pb.plan(1709, 30)
+    rows = pb.waits_after_call1(p)
+    assert [left for left, _ in rows] == sorted((left for left, _ in rows), reverse=True) and rows[0][0] < p.budget_s
+    for left, wait in rows:
+        calls = (pb.PIECES + 1) * pb.PIECE_CALL_S + pb.GAPS * pb.MESSAGE_GAP_S
+        after_call1 = calls + pb.POLLS * (wait + pb.POLL_MARGIN_S)
+        assert left - after_call1 >= pb.CALL1_AND_FINISH_S, "finish.sh has its time after the last poll"
+    # block 14 as it ran: call 1 left 1620 s, the polls held W + 7 to W + 12 s each, call 2 came 17 s later
+    wait = next(w for left, w in rows if left <= 1620)
+    assert 1620 - 17 - pb.PIECES * 3 - pb.POLLS * (wait + 8) >= pb.CALL1_AND_FINISH_S
+    printed = subprocess.run([sys.executable, str(SCRIPT), "1709", "30"], capture_output=True, text=True, check=True)
+    last = printed.stdout.splitlines()[-1]
+    assert last.startswith("polls' W where call 1 left less than 1679 s") and f"{rows[0][0]} W {rows[0][1]}" in last
+
+
 def test_the_messages_are_the_runbooks_calls_in_order() -> None:
     pb = load_gpu_script("plan_block")
     p = pb.plan(1770, 29)
@@ -60,7 +79,8 @@ def test_a_budget_that_holds_no_trial_plans_no_block() -> None:
     lines = printed.stdout.splitlines()
     p = pb.plan(1770, 29)
     assert lines[0] == f"B 1741 s: T {p.trial_deadline_s}, W {p.poll_wait_s} (poll timeout {p.poll_timeout_s})"
-    calls = [c for m in pb.messages(p) for c in m]
+    kept = tuple(pb.cache_packs(room=pb.call1_room())[0])  # this checkout's .gpubundle: none, or the last blocks'
+    calls = [c for m in pb.messages(p, kept) for c in m]
     assert [line.split(". ", 1)[1] for line in lines if re.match(r"^ ?\d+\. ", line)] == calls
     assert any(line.startswith("engine caches") for line in lines)
     assert [line for line in lines if line.startswith("message")][0].startswith("message (alone")
@@ -72,12 +92,12 @@ def test_the_last_device_time_plans_one_trial_below_the_floor_and_says_it_may_be
     pb = load_gpu_script("plan_block")
     assert pb.plan(pb.LAST_TRIAL_S - 1, 30, pb.LAST_TRIAL_S) is None
     p = pb.plan(779, 30, pb.LAST_TRIAL_S)  # the H100 study's block 7
-    assert p is not None and (p.trial_deadline_s, p.poll_wait_s) == (149, 93)
+    assert p is not None and (p.trial_deadline_s, p.poll_wait_s) == (149, 88)  # polls of 93 s then: margin 5
     run = [sys.executable, str(SCRIPT), "779", "30"]
     refused = subprocess.run(run, capture_output=True, text=True, check=False)
     assert refused.returncode == 1 and refused.stdout.startswith("no block:")
     printed = subprocess.run([*run, "--last"], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert printed[0] == "B 749 s: T 149, W 93 (poll timeout 193)" and "may be cut" in printed[1]
+    assert printed[0] == "B 749 s: T 149, W 88 (poll timeout 188)" and "may be cut" in printed[1]
     above = subprocess.run([*run[:2], "900", "30", "--last"], capture_output=True, text=True, check=True)
     assert "may be cut" not in above.stdout, "above the floor --last plans a block like any other"
 

@@ -350,7 +350,8 @@ def test_summary_holds_the_finalists_repeats_so_far_and_then_their_intervals_and
     h100 = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{H100_STUDY}")
     assert finalists_md(h100)[3:] == [
         "| trial | config | capacity_interactive_req_s | capacity_relaxed_req_s |", "|---|---|---|---|",
-        "| 0 | vllm defaults | so far 6.65 (1 run, 1 withdrawn) | so far 6.92 (1 run, 1 withdrawn) |",
+        "| 0 | vllm defaults | so far 6.65, 6.34, 6.98 (3 runs, 1 withdrawn) "
+        "| so far 6.92, 7.25, 6.92 (3 runs, 1 withdrawn) |",
     ]  # fmt: skip
     empty = optuna.create_study(study_name="none", storage=f"sqlite:///{tmp_path / 'none.db'}")
     assert finalists_md(empty) == [], "no finalist ran: no section"

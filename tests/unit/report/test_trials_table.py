@@ -105,11 +105,11 @@ def test_a_pruned_tier_shows_the_bracket_below_which_nothing_passed() -> None:
 
 
 def test_the_finalists_repeats_so_far_and_a_withdrawn_one_show_while_the_stage_spans_leases() -> None:
-    """The H100 study's file after block 12: vLLM's defaults (trial 0) have one repeat stored and one
-    withdrawn, and no verdict yet (reports/gpu-h100/study-1/block12/NOTES.md)."""
+    """The H100 study's file after block 14: vLLM's defaults (trial 0) have three repeats stored and
+    one withdrawn, and no verdict yet (reports/gpu-h100/study-1/block14/NOTES.md)."""
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
     table = trials_table(study)
-    assert "so far 6.65 (1 run, 1 withdrawn)" in " ".join(_row(table, 0)), "repeat 1's interactive capacity"
+    assert "so far 6.65, 6.34, 6.98 (3 runs, 1 withdrawn)" in " ".join(_row(table, 0)), "the interactive capacities"
     assert "so far" not in " ".join(_row(table, 8)), "trial 8 has no repeat yet"
     withdrawn = [line for line in table.splitlines() if line.startswith("trial 0: repeat 2 withdrawn (")]
     assert len(withdrawn) == 1 and "max_steps at 5.33" in withdrawn[0]
@@ -120,7 +120,7 @@ def test_the_reports_launch_sentence_says_the_repeats_are_under_way() -> None:
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
     sentence, shown = launch_choice(study)
     assert sentence == (
-        "no verdict yet: the finalists' repeats are under way (1 stored, 1 withdrawn): "
+        "no verdict yet: the finalists' repeats are under way (3 stored, 1 withdrawn): "
         "trial 8 is the best feasible trial"
     )
     assert [t.number for t in shown] == [8]

@@ -182,9 +182,10 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     """A dry run of the H100 study's finalists stage on a copy of its file (reports/gpu-h100.md), with
     scripted runs in place of the engines: both engines' defaults first (trials 0 and 6), then the best
     of both tiers (trial 8), three fresh boots each at its recorded config, each started at its own
-    capacities, the stress check on the third. Block 12 stored the default's first repeat (its second
-    was withdrawn: block12/NOTES.md), so the stage goes on from the default's second; a lease that ends
-    after four boots leaves those stored, and the next block boots only the four missing."""
+    capacities, the stress check on the third. Blocks 12 and 14 stored the vLLM default's three repeats
+    (and the stress check; a second was withdrawn: block12/NOTES.md), so the stage goes on from SGLang's
+    defaults; a lease that ends after four boots leaves those stored, and the next block boots only the
+    two missing."""
     copy = tmp_path / "study.db"
     copy.write_bytes(H100_STUDY.read_bytes())
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
@@ -214,16 +215,15 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     monkeypatch.setattr(finalists, "run_trial", run)
     with pytest.raises(KeyboardInterrupt):
         finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(0, 2, False), (0, 3, True), (6, 1, False), (6, 2, False)]
+    assert booted == [(6, 1, False), (6, 2, False), (6, 3, True), (8, 1, False)]
     stored = study.user_attrs["finalist_runs"]
-    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 2} and list(study.user_attrs["stress"]) == [
-        "0"
-    ]
+    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 3, "8": 1}
+    assert sorted(study.user_attrs["stress"]) == ["0", "6"]
     assert [r["repeat"] for r in stored["0"]] == [1, 2, 3]
     lease_ends_after[0] = None
     booted.clear()
     verdict = finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(6, 3, True), (8, 1, False), (8, 2, False), (8, 3, True)]
+    assert booted == [(8, 2, False), (8, 3, True)]
     assert [f["trial"] for f in study.user_attrs["finalists"]] == [0, 6, 8]
     assert sorted(study.user_attrs["stress"]) == ["0", "6", "8"] and verdict["stress_failed"] == []
     assert set(verdict["by_metric"]) == {"capacity_interactive_req_s", "capacity_relaxed_req_s"}
@@ -274,18 +274,18 @@ def test_a_repeat_keeps_its_search_and_a_withdrawn_repeat_runs_again(
 
 
 def test_the_withdraw_script_takes_the_last_repeat_from_a_study_file(tmp_path: Any) -> None:
-    """scripts/gpu/withdraw_repeat.py on a copy of the H100 study's file: trial 0 keeps repeat 1 after
-    block 12, so that is its last; another repeat number is refused with exit 2, and so is bad usage."""
+    """scripts/gpu/withdraw_repeat.py on a copy of the H100 study's file: trial 0 keeps repeats 1 to 3
+    after block 14, so 3 is its last; another repeat number is refused with exit 2, and so is bad usage."""
     script = Path(__file__).resolve().parents[3] / "scripts" / "gpu" / "withdraw_repeat.py"
     copy = tmp_path / "study.db"
     copy.write_bytes(H100_STUDY.read_bytes())
     run = [sys.executable, str(script), str(copy), "rag-h100-study-1", "0"]
     refused = subprocess.run([*run, "2", "gone already"], capture_output=True, text=True, check=False)
-    assert refused.returncode == 2 and "repeat 2 is not its last stored repeat (1)" in refused.stderr
+    assert refused.returncode == 2 and "repeat 2 is not its last stored repeat (3)" in refused.stderr
     usage = subprocess.run(run, capture_output=True, text=True, check=False)
     assert usage.returncode == 2 and "withdraw_repeat.py DB STUDY TRIAL REPEAT REASON" in usage.stderr
-    done = subprocess.run([*run, "1", "a test"], capture_output=True, text=True, check=True)
-    assert "trial 0: repeat 1 withdrawn (a test)" in done.stdout
+    done = subprocess.run([*run, "3", "a test"], capture_output=True, text=True, check=True)
+    assert "trial 0: repeat 3 withdrawn (a test)" in done.stdout
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
-    assert study.user_attrs["finalist_runs"]["0"] == []
-    assert [r["repeat"] for r in study.user_attrs["finalist_runs_withdrawn"]["0"]] == [2, 1]
+    assert [r["repeat"] for r in study.user_attrs["finalist_runs"]["0"]] == [1, 2]
+    assert [r["repeat"] for r in study.user_attrs["finalist_runs_withdrawn"]["0"]] == [2, 3]
