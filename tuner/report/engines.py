@@ -2,18 +2,19 @@
 
 For each tier a capacity study measured, and each engine it booted: the feasible trial with the
 highest capacity there (stress-check failures and repeats of another trial's config left out, as
-everywhere), its capacity with the bracket it was resolved in, the output tokens/s per GPU at it and,
-given a price, the dollars per million output tokens; beside it, the capacity of that engine's
-defaults. The sentence under each tier is computed from those numbers: which engine carried more,
-and by how much; that one drive each cannot tell them apart, where the higher claim lies inside the
-other's bracket (a tie included); or that only one engine was measured. Where both engines' best
-trials were finalists with at least three fresh-boot repeats, the sentence compares the repeats'
-means instead, and says so where their 95 % intervals overlap. A second sentence per engine holds
-its best against its own defaults, the question a user asks first (did tuning carry more?), read
-the same way: from the repeats where both have them, else from one drive each. Trials not yet run (an
-enqueued config waiting for its boot) name no engine here. An engine booted only by trials that
-failed before they recorded a capacity (an interrupted lease, a boot that died) was not measured:
-it is named as such, never as an engine that carried no load.
+everywhere; among equal capacities the Pareto-optimal one, which the finalists' pick ranks first, so
+that its repeats are the ones read), its capacity with the bracket it was resolved in, the output
+tokens/s per GPU at it and, given a price, the dollars per million output tokens; beside it, the
+capacity of that engine's defaults. The sentence under each tier is computed from those numbers:
+which engine carried more, and by how much; that one drive each cannot tell them apart, where the
+higher claim lies inside the other's bracket (a tie included); or that only one engine was measured.
+Where both engines' best trials were finalists with at least three fresh-boot repeats, the sentence
+compares the repeats' means instead, and says so where their 95 % intervals overlap. A second
+sentence per engine holds its best against its own defaults, the question a user asks first (did
+tuning carry more?), read the same way: from the repeats where both have them, else from one drive
+each. Trials not yet run (an enqueued config waiting for its boot) name no engine here. An engine
+booted only by trials that failed before they recorded a capacity (an interrupted lease, a boot that
+died) was not measured: it is named as such, never as an engine that carried no load.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tuner.report.capacity import bracket_top, capacity_cell, tier_capacity, tie
 from tuner.report.describe import engine_of, mean_interval, number
 from tuner.study.attrs import is_default, study_attrs_of, trial_attrs
 from tuner.study.cost import cost_text
-from tuner.study.feasible import feasible_trials
+from tuner.study.feasible import feasible_pareto, feasible_trials
 from tuner.study.verdict import intervals_overlap
 
 Trial = optuna.trial.FrozenTrial
@@ -53,10 +54,11 @@ def per_engine(study: optuna.Study, tier: str) -> list[EngineBest]:
     everything = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     engines = sorted({engine_of(t) for t in everything})
     feasible = feasible_trials(study)
+    front = {t.number for t in feasible_pareto(study)}
     found = []
     for engine in engines:
         served = [t for t in feasible if engine_of(t) == engine and (tier_capacity(t, tier) or 0.0) > 0]
-        best = max(served, key=lambda t: (tier_capacity(t, tier) or 0.0, -t.number), default=None)
+        best = max(served, key=lambda t: (tier_capacity(t, tier) or 0.0, t.number in front, -t.number), default=None)
         own = [t for t in everything if engine_of(t) == engine]
         defaults = [t for t in own if is_default(t)]
         # the latest that recorded a capacity (an earlier one was re-run); a failed re-run hides none
@@ -223,17 +225,18 @@ def engines_section(study: optuna.Study, price: float | None = None) -> str:
     return f'<section id="engines"><h2>Which engine suits this workload</h2>{body}</section>'
 
 
-def engines_md(study: optuna.Study) -> list[str]:
-    """The same comparison as Markdown lines, for ``summary.md``."""
+def engines_md(study: optuna.Study, price: float | None = None) -> list[str]:
+    """The same comparison as Markdown lines, for ``summary.md``: the cost at each best (output
+    tokens/s per GPU and, given ``price``, dollars per million output tokens) as the HTML shows it."""
     lines = []
     for tier in tiers(study):
         rows = per_engine(study, tier.name)
-        head = "| engine | best trial | capacity (req/s) | defaults (req/s) |"
-        lines += ["", f"## Engines, tier {tier.name}", "", head, "|---|---|---|---|"]
+        head = "| engine | best trial | capacity (req/s) | cost at it | defaults (req/s) |"
+        lines += ["", f"## Engines, tier {tier.name}", "", head, "|---|---|---|---|---|"]
         for r in rows:
-            row = _row(r, tier.name, None)
+            row = _row(r, tier.name, price)
             best = f"{r.best.number}" if r.best is not None else "-"
-            lines.append(f"| {r.engine} | {best} | {row.capacity} | {row.defaults} |")
+            lines.append(f"| {r.engine} | {best} | {row.capacity} | {row.cost} | {row.defaults} |")
         lines += ["", comparison(rows, tier.name)]
         lines += [s for r in rows if (s := beside_defaults(r, tier.name))]
     return lines

@@ -307,11 +307,13 @@ def write_report(study: optuna.Study, out_root: Path, gpu_price: float | None = 
     page = f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(study.study_name)}</title>'
     page += f"<style>{CSS}</style>{plotly_script()}</head><body>{_intro(study)}{''.join(sections)}</body></html>\n"
     (out / "index.html").write_text(page, encoding="utf-8")
-    (out / "summary.md").write_text(summary_md(study), encoding="utf-8")
+    (out / "summary.md").write_text(summary_md(study, price), encoding="utf-8")
     return out / "index.html"
 
 
-def summary_md(study: optuna.Study) -> str:
+def summary_md(study: optuna.Study, price: float | None = None) -> str:
+    """The report's figures as Markdown, which the GPU reports are written from; ``price`` (USD per
+    GPU-hour) prices each engine's best per tier."""
     front = [t.number for t in feasible_pareto(study)]
     lines = [f"# Study {study.study_name}", "", f"- workload: {study_attrs_of(study).get('workload')}",
              f"- trials: {len(study.trials)}, feasible Pareto front: {front}"]  # fmt: skip
@@ -319,7 +321,7 @@ def summary_md(study: optuna.Study) -> str:
     if verdict:
         lines.append(f"- {describe_verdict(verdict)}")
     if is_capacity_study(study):
-        lines += engines_md(study)
+        lines += engines_md(study, price)
     lines += finalists_md(study) + costs_md(study) + verified_md(study)
     said, trials = launch_choice(study)
     lines += ["", "## Launch command of the winner", "", said]

@@ -26,7 +26,7 @@ from tuner.report.describe import engine_of, params_text
 from tuner.study.attrs import SCREENED, is_default, study_attrs_of
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
-from tuner.study.verdict import describe_verdict, interval_text
+from tuner.study.verdict import MIN_RUNS, describe_verdict, interval, interval_text
 
 COLUMNS = ("#", "state", "failure", "ttft_p95_ms", "tok/s", "repeats: tok/s mean [95% CI]", "params")
 
@@ -41,7 +41,8 @@ def _number(value: object, fmt: str) -> str:
 
 def repeats_cell(finalist: dict[str, Any] | None, metric: str, runs: list[dict[str, Any]], withdrawn: int) -> str:
     """The finalist's summary once the stage has ended; while it runs (it may span GPU leases), the
-    repeats stored so far; and how many were withdrawn (``withdraw_repeat``)."""
+    repeats stored so far, with their mean [95 % interval] once they are enough for one (a finalist
+    done while the others run); and how many were withdrawn (``withdraw_repeat``)."""
     if finalist is not None:
         stats = (finalist.get("stats") or {}).get(metric)
         counts = _counts(failed=len(finalist.get("failures") or []), withdrawn=withdrawn)
@@ -50,7 +51,9 @@ def repeats_cell(finalist: dict[str, Any] | None, metric: str, runs: list[dict[s
         return "-" + _counts(withdrawn=withdrawn)
     served = [r["metrics"][metric] for r in runs if r.get("failure") is None and metric in (r.get("metrics") or {})]
     figures = ", ".join(format(v, ".3g") for v in served) or "none served"
-    return f"so far {figures}" + _counts(runs=len(runs), failed=len(runs) - len(served), withdrawn=withdrawn)
+    stats = interval(served) if len(served) >= MIN_RUNS else None
+    summary = f": {interval_text(stats)}" if stats is not None else ""
+    return f"so far {figures}{summary}" + _counts(runs=len(runs), failed=len(runs) - len(served), withdrawn=withdrawn)
 
 
 def _counts(runs: int = 0, failed: int = 0, withdrawn: int = 0) -> str:

@@ -13,7 +13,7 @@ The finalists are the top ``finalists`` feasible configs (Pareto-optimal first, 
 deciding metric: goodput under the SLOs where there are SLOs, output throughput otherwise), plus the
 engine default as the reference, each run ``repeats`` more times, every time on a fresh boot. For
 every objective the tuner reports the mean, the 95 % interval (Student-t on the log scale, from 3
-runs; ``tuner.measure.statistics.interval``) and the coefficient of variation. The best config is
+runs; ``tuner.study.verdict.interval``) and the coefficient of variation. The best config is
 declared the winner only when its interval on the deciding metric lies wholly above the runner-up's;
 otherwise the verdict is a tie that names both (with fewer than 3 runs, a tie for too few runs).
 Results live in the study's ``finalists`` and ``verdict`` user attributes (shown by
@@ -30,7 +30,6 @@ import optuna
 from tuner.engines import ADAPTERS
 from tuner.engines.base import Config
 from tuner.errors import ConfigError
-from tuner.measure.statistics import interval
 from tuner.measure.stress import judge as judge_stress
 from tuner.measure.trial import TrialContext, TrialResult, run_trial
 from tuner.search import scoring as objectives
@@ -46,7 +45,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
 from tuner.study.objectives import objective_named
-from tuner.study.verdict import TOO_FEW_RUNS, intervals_overlap
+from tuner.study.verdict import TOO_FEW_RUNS, interval, intervals_overlap
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
 # what a stress check keeps of its run; the default's are the reference for the others

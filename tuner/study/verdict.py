@@ -1,12 +1,51 @@
-"""The finalists' verdict as stored on the study, and how it reads in one line."""
+"""The 95 % interval of repeated runs' figures, the finalists' verdict read from those intervals as
+stored on the study, and how it reads in one line. The report reads a finalist's repeats here while
+its stage still runs, as the search does when it ends (``tuner.search.finalists``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-# What stands for a 95 % interval over repeats too few to give one (``tuner.measure.statistics.interval``).
+# What stands for a 95 % interval over repeats too few to give one (``interval``).
 TOO_FEW_RUNS = "too few runs for an interval"
+
+# Two-sided 95 % Student-t quantiles by degrees of freedom; beyond 30 the normal 1.96 is close enough.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+        20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+        29: 2.045, 30: 2.042}  # fmt: skip
+# Two runs give a t quantile of 12.7 and a spread guessed from one difference: no interval worth showing.
+MIN_RUNS = 3
+LOG_T = "t on the log scale"
+CLIPPED_T = "t, clipped at 0"
+
+
+def interval(samples: Sequence[float]) -> dict[str, Any]:
+    """Mean, coefficient of variation and 95 % interval of repeated runs' figures (``n`` of them).
+
+    Latency and throughput are positive and right-skewed, and there are few runs, so the interval is
+    a Student-t interval on the log scale (around the geometric mean, multiplicative): never negative,
+    longer above than below. Samples with a zero in them (a run that served nothing good) have no log:
+    they take the plain t-interval, clipped at 0. With fewer than ``MIN_RUNS`` samples, ``low`` and
+    ``high`` are None and ``method`` says so; callers show ``TOO_FEW_RUNS``.
+    """
+    n = len(samples)
+    mean = statistics.fmean(samples)
+    sd = statistics.stdev(samples) if n > 1 else 0.0
+    out: dict[str, Any] = {"n": n, "mean": mean, "low": None, "high": None,
+                           "cv": sd / mean if mean else math.nan, "method": TOO_FEW_RUNS}  # fmt: skip
+    if n < MIN_RUNS:
+        return out
+    t = T975.get(n - 1, 1.96)
+    if min(samples) > 0:
+        logs = [math.log(x) for x in samples]
+        centre, half = statistics.fmean(logs), t * statistics.stdev(logs) / math.sqrt(n)
+        return out | {"low": math.exp(centre - half), "high": math.exp(centre + half), "method": LOG_T}
+    half = t * sd / math.sqrt(n)
+    return out | {"low": max(0.0, mean - half), "high": mean + half, "method": CLIPPED_T}
 
 
 def intervals_overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

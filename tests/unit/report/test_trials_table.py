@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 
 from tests.unit.study_files import H100_STUDY
-from tuner.report.trials_table import trials_table
+from tuner.report.trials_table import repeats_cell, trials_table
 from tuner.report.winner import launch_choice
 
 
@@ -109,7 +109,12 @@ def test_the_finalists_repeats_so_far_and_a_withdrawn_one_show_while_the_stage_s
     one withdrawn, and no verdict yet (reports/gpu-h100/study-1/block14/NOTES.md)."""
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
     table = trials_table(study)
-    assert "so far 6.65, 6.34, 6.98 (3 runs, 1 withdrawn)" in " ".join(_row(table, 0)), "the interactive capacities"
+    cell = "so far 6.65, 6.34, 6.98: 6.7 [5.9, 7.5] (3 runs, 1 withdrawn)"
+    assert cell in " ".join(_row(table, 0)), "the interactive capacities, and their interval: trial 0 is done"
+    two = [{"repeat": n, "failure": None, "metrics": {"m": v}} for n, v in ((1, 6.65), (2, 6.34))]
+    assert repeats_cell(None, "m", two, 0) == "so far 6.65, 6.34 (2 runs)", "two runs give no interval"
+    failed = [*two, {"repeat": 3, "failure": "oom", "metrics": {}}]
+    assert repeats_cell(None, "m", failed, 0) == "so far 6.65, 6.34 (3 runs, 1 failed)", "nor two served of three"
     assert "so far" not in " ".join(_row(table, 8)), "trial 8 has no repeat yet"
     withdrawn = [line for line in table.splitlines() if line.startswith("trial 0: repeat 2 withdrawn (")]
     assert len(withdrawn) == 1 and "max_steps at 5.33" in withdrawn[0]

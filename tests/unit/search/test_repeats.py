@@ -10,13 +10,12 @@ import pytest
 
 from tests.storage.test_storage import _result
 from tuner.deploy.provenance import _repeat_lines
-from tuner.measure.statistics import interval
 from tuner.report.trials_table import trials_table
 from tuner.search.finalists import judge, pick_finalists
 from tuner.search.objective import record
 from tuner.search.scoring import DIRECTIONS
 from tuner.study.attrs import enqueue_defaults
-from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict, interval_text
+from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict, interval, interval_text
 
 
 def test_interval_is_the_student_t_interval_on_the_log_scale() -> None:
