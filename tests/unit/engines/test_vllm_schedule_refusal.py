@@ -1,6 +1,6 @@
 """vLLM 0.26's death at boot with a K-by-batch-size schedule on its model runner V2 (``VllmAdapter.refusal``,
 docs/engines.md "Configs the engine refuses"): the rule, then the H100 study's two trials that died so
-(tests/data/captures/vllm-0.26.0-h100-2026-12-06, block 6 of reports/gpu-h100.md) and the H200 trials
+(tests/data/captures/vllm-0.26.0-h100-2026-12-06, block 6 in reports/gpu-h100/study-1/BLOCKS.md) and the H200 trials
 whose draft model booted with the same schedule (reports/gpu-h200/capacity/block4).
 """
 
