@@ -45,7 +45,7 @@ from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trial_costs import costs_md, costs_section
 from tuner.report.trials_table import repeats_cell, study_price
 from tuner.report.verified import verified_md, verified_section
-from tuner.report.winner import launch_choice
+from tuner.report.winner import launch_choice, no_verdict_yet
 from tuner.study.attrs import (
     DEFAULT_KIND,
     ENQUEUED_KIND,
@@ -139,7 +139,12 @@ CSS = (
 
 
 def best_vs_default_section(study: optuna.Study, price: float | None = None) -> str:
+    """The finalists' repeats: once the stage ended each one's mean [95 % interval] per metric, with
+    the cost at its mean capacity, and the verdict; while it runs, the repeats stored so far
+    (``finalist_rows``, as summary.md shows them) and that the verdict is still to come."""
     finalists = [f for f in study_attrs_of(study).get("finalists", []) if isinstance(f, dict)]
+    if not finalists:
+        return _repeats_under_way(study)
     metrics = list(dict.fromkeys(m for f in finalists for m in f.get("stats") or {}))
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     tier = tiers(study)[0].name if is_capacity_study(study) and tiers(study) else None
@@ -157,34 +162,58 @@ def best_vs_default_section(study: optuna.Study, price: float | None = None) -> 
         kind = "engine default" if f.get("config_kind") == DEFAULT_KIND else "tuned"
         rows.append(f"<tr><td>trial {f.get('trial')} ({kind})</td>{cells}</tr>")
     verdict = study_attrs_of(study).get("verdict")
-    text = html.escape(describe_verdict(verdict)) if verdict else "no finalist repeats were run"
-    table = f"<table><tr><th>config</th>{head}</tr>{''.join(rows)}</table>" if rows else ""
+    text = html.escape(describe_verdict(verdict)) if verdict else "no verdict was stored"
+    table = f"<table><tr><th>config</th>{head}</tr>{''.join(rows)}</table>"
+    return _best_vs_default(table, text)
+
+
+def _repeats_under_way(study: optuna.Study) -> str:
+    metrics, rows = finalist_rows(study)
+    cells = "".join(
+        f"<tr><td>trial {n} ({html.escape(label)})</td>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for n, label, row in rows
+    )
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
+    table = f"<table><tr><th>config</th>{head}</tr>{cells}</table>" if rows else ""
+    return _best_vs_default(table, html.escape(no_verdict_yet(study_attrs_of(study))))
+
+
+def _best_vs_default(table: str, text: str) -> str:
     return (f'<section id="best-vs-default"><h2>Winner against the engine default</h2>'
             f"<p>mean [95 % interval] over fresh-boot repeats</p>{table}<p>{text}</p></section>")  # fmt: skip
 
 
-def finalists_md(study: optuna.Study) -> list[str]:
-    """The finalists' fresh-boot repeats as Markdown, for ``summary.md``: per finalist and deciding
-    metric its mean [95 % interval] once the stage ended, the repeats stored so far while it runs (on a
-    GPU it spans leases), and those withdrawn; then the verdict on each metric."""
+def finalist_rows(study: optuna.Study) -> tuple[list[str], list[tuple[int, str, list[str]]]]:
+    """The deciding metrics, and per finalist (number, ``vllm defaults`` or ``sglang tuned``, a cell
+    per metric): its mean [95 % interval] once the stage ended, the repeats stored so far while it
+    runs (on a GPU it spans leases), and those withdrawn (``repeats_cell``)."""
     attrs = study_attrs_of(study)
     runs, withdrawn = attrs.get("finalist_runs") or {}, attrs.get("finalist_runs_withdrawn") or {}
     ended = {int(f["trial"]): f for f in attrs.get("finalists") or [] if isinstance(f, dict) and "trial" in f}
     numbers = list(dict.fromkeys([*ended, *(int(n) for n in runs), *(int(n) for n in withdrawn)]))
-    if not numbers:
-        return []
-    metrics = objective_named(attrs.get("objective")).deciders(bool(attrs.get("slo")))
+    metrics = list(objective_named(attrs.get("objective")).deciders(bool(attrs.get("slo"))))
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    lines = ["", "## The finalists' fresh-boot repeats", "",
-             "| trial | config | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]  # fmt: skip
+    rows = []
     for n in numbers:
         trial = by_number.get(n)
         kind = "defaults" if trial is not None and is_default(trial) else "tuned"
         engine = engine_of(trial) if trial is not None else "?"
         cells = [repeats_cell(ended.get(n), m, runs.get(str(n)) or [], len(withdrawn.get(str(n)) or []))
                  for m in metrics]  # fmt: skip
-        lines.append(f"| {n} | {engine} {kind} | " + " | ".join(cells) + " |")
-    verdict = attrs.get("verdict")
+        rows.append((n, f"{engine} {kind}", cells))
+    return metrics, rows
+
+
+def finalists_md(study: optuna.Study) -> list[str]:
+    """The finalists' fresh-boot repeats as Markdown, for ``summary.md`` (``finalist_rows``), then the
+    verdict on each metric."""
+    metrics, rows = finalist_rows(study)
+    if not rows:
+        return []
+    lines = ["", "## The finalists' fresh-boot repeats", "",
+             "| trial | config | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]  # fmt: skip
+    lines += [f"| {n} | {label} | " + " | ".join(cells) + " |" for n, label, cells in rows]
+    verdict = study_attrs_of(study).get("verdict")
     if isinstance(verdict, dict):
         by_metric = verdict.get("by_metric") or {verdict.get("metric"): verdict}
         lines += [""] + [f"- {m}: {describe_verdict(v)}" for m, v in by_metric.items() if isinstance(v, dict)]

@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 
 from tuner.report.capacity import is_capacity_study, objective_capacity
-from tuner.study.attrs import study_attrs_of
+from tuner.study.attrs import StudyAttrs, study_attrs_of
 from tuner.study.feasible import feasible_pareto, feasible_trials
 
 Trial = optuna.trial.FrozenTrial
@@ -26,14 +26,7 @@ def launch_choice(study: optuna.Study) -> tuple[str, list[Trial]]:
         best = _best_feasible(study)
         if best is None:
             return "no winner: no feasible trial", []
-        stored = sum(len(runs) for runs in (attrs.get("finalist_runs") or {}).values())
-        withdrawn = sum(len(runs) for runs in (attrs.get("finalist_runs_withdrawn") or {}).values())
-        if stored or withdrawn:
-            also = f", {withdrawn} withdrawn" if withdrawn else ""
-            why = f"no verdict yet: the finalists' repeats are under way ({stored} stored{also})"
-        else:
-            why = "no finalist repeats ran"
-        return f"{why}: trial {best.number} is the best feasible trial", [best]
+        return f"{no_verdict_yet(attrs)}: trial {best.number} is the best feasible trial", [best]
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     named = [n for n in verdict.get("trials") or [] if isinstance(n, int)]
     shown = [trials[n] for n in named if n in trials]
@@ -42,6 +35,17 @@ def launch_choice(study: optuna.Study) -> tuple[str, list[Trial]]:
     if verdict["kind"] == "tie":
         return f"no winner: the verdict is a tie between trials {' and '.join(map(str, named))}", shown
     return "no winner: no finalist served all its repeats", []
+
+
+def no_verdict_yet(attrs: StudyAttrs) -> str:
+    """Why a study has no verdict: its finalists' repeats are under way (with how many are stored and
+    withdrawn), or none ran."""
+    stored = sum(len(runs) for runs in (attrs.get("finalist_runs") or {}).values())
+    withdrawn = sum(len(runs) for runs in (attrs.get("finalist_runs_withdrawn") or {}).values())
+    if not (stored or withdrawn):
+        return "no finalist repeats ran"
+    also = f", {withdrawn} withdrawn" if withdrawn else ""
+    return f"no verdict yet: the finalists' repeats are under way ({stored} stored{also})"
 
 
 def _best_feasible(study: optuna.Study) -> Trial | None:

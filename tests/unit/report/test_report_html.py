@@ -93,6 +93,7 @@ def test_a_capacity_study_with_no_finalists_or_partial_attributes_still_reports(
     assert [t.number for t in curve_trials(capacity_study)] == [2, 0]  # the highest capacity, beside its default
     _, ours = _page(capacity_study, tmp_path)
     assert "no finalist repeats ran: trial 2 is the best feasible trial" in _section(ours, "launch")
+    assert "no finalist repeats ran" in _section(ours, "best-vs-default")
     bare = optuna.create_study(study_name="bare", storage=capacity_study._storage, direction="maximize")
     bare.set_user_attr("objective", "capacity")
     bare.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL, user_attrs={"capacity": 3}))
@@ -347,6 +348,20 @@ def test_on_the_h100_study_vllms_defaults_are_its_best_under_both_tiers() -> Non
     # trial 8 is Pareto-optimal (6.65 against 5.49 interactive), the finalist whose repeats are read
     sglang = next(r for r in per_engine(study, "relaxed") if r.engine == "sglang")
     assert sglang.best is not None and sglang.best.number == 8
+
+
+def test_the_pages_finalists_section_shows_the_repeats_under_way_not_that_none_ran(tmp_path: Path) -> None:
+    """The H100 study's file after block 14: three repeats of vLLM's defaults stored, one withdrawn, no
+    verdict. The page's section said "no finalist repeats were run" until session 48."""
+    from tests.unit.study_files import H100_STUDY
+
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
+    _, ours = _page(study, tmp_path)
+    section = _section(ours, "best-vs-default")
+    assert "no verdict yet: the finalists&#x27; repeats are under way (3 stored, 1 withdrawn)" in section
+    row = "<td>trial 0 (vllm defaults)</td><td>so far 6.65, 6.34, 6.98: 6.7 [5.9, 7.5] (3 runs, 1 withdrawn)</td>"
+    assert row in section
+    assert "no finalist repeats" not in section
 
 
 def test_summary_holds_the_finalists_repeats_so_far_and_then_their_intervals_and_verdict(
