@@ -251,24 +251,29 @@ def _axis_value(value: Any) -> float | str:
 
 
 def acceptance_section(study: optuna.Study) -> str:
-    """Acceptance by method, draft or head, and K: the mean over the trials that served, from each
-    trial's ``speculation`` attribute (the engine's own counters), with its mean accepted length."""
-    groups: dict[tuple[str, str, int], list[tuple[float, float | None]]] = defaultdict(list)
-    for t in _completed(study):
+    """Acceptance by engine, method, draft or head, and K: the mean over the trials that served (a
+    pruned trial served its steps too, and a method that accepts nothing is mostly pruned), from each
+    trial's ``speculation`` attribute (the engine's own counters), with its mean accepted length. The
+    engines are kept apart: the same draft need not be accepted alike by two engines' verifiers."""
+    groups: dict[tuple[str, str, str, int], list[tuple[float, float | None]]] = defaultdict(list)
+    served = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    for t in study.get_trials(deepcopy=False, states=served):
         spec = trial_attrs(t).get("speculation") or {}
         rate, length = spec.get("acceptance_rate"), spec.get("mean_accept_len")
         if isinstance(rate, int | float) and spec.get("num_speculative_tokens"):
-            key = (str(spec.get("method")), str(spec.get("draft") or "-"), int(spec["num_speculative_tokens"]))
+            k = int(spec["num_speculative_tokens"])
+            key = (engine_of(t), str(spec.get("method")), str(spec.get("draft") or "-"), k)
             groups[key].append((float(rate), length if isinstance(length, int | float) else None))
     rows = "".join(
-        f"<tr><td>{html.escape(m)}</td><td>{html.escape(d)}</td><td>{k}</td><td>{_mean([r for r, _ in v]):.1%}</td>"
-        f"<td>{_length([n for _, n in v])}</td><td>{len(v)}</td></tr>"
-        for (m, d, k), v in sorted(groups.items())
+        f"<tr><td>{html.escape(e)}</td><td>{html.escape(m)}</td><td>{html.escape(d)}</td><td>{k}</td>"
+        f"<td>{_mean([r for r, _ in v]):.1%}</td><td>{_length([n for _, n in v])}</td><td>{len(v)}</td></tr>"
+        for (e, m, d, k), v in sorted(groups.items())
     )
-    columns = ("method", "draft or head", "K", "acceptance", "accepted length", "trials")
+    columns = ("engine", "method", "draft or head", "K", "acceptance", "accepted length", "trials")
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
     body = f"<table>{head}{rows}</table>" if rows else "<p>no speculative trial served</p>"
-    return f'<section id="acceptance"><h2>Speculative acceptance by method, draft or head, and K</h2>{body}</section>'
+    title = "Speculative acceptance by engine, method, draft or head, and K"
+    return f'<section id="acceptance"><h2>{title}</h2>{body}</section>'
 
 
 def _mean(values: list[float]) -> float:

@@ -3,6 +3,7 @@ capacity step's figures), the ``accept`` column of ``tuner trials`` and the repo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import optuna
@@ -83,9 +84,29 @@ def test_trials_shows_each_speculating_trials_acceptance() -> None:
 
 def test_the_report_groups_acceptance_by_method_head_and_k() -> None:
     section = acceptance_section(_study())
-    assert "<td>eagle3</td><td>eagle3-head</td><td>3</td><td>30.0%</td><td>1.90</td><td>2</td>" in section
-    assert "<td>ngram</td><td>-</td><td>2</td><td>50.0%</td><td>-</td><td>1</td>" in section
+    assert "<td>vllm</td><td>eagle3</td><td>eagle3-head</td><td>3</td><td>30.0%</td><td>1.90</td><td>2</td>" in section
+    assert "<td>vllm</td><td>ngram</td><td>-</td><td>2</td><td>50.0%</td><td>-</td><td>1</td>" in section
     assert "off" not in section.split("<table>")[1]
+
+
+def test_the_report_keeps_the_engines_apart_and_counts_the_pruned_trials() -> None:
+    """The H100 study: `draft-2l` at K=3 on vLLM (trial 2) and on SGLang (trials 7 and 8) are two rows;
+    SGLang's pruned draws (the 1-layer draft, the heads, n-gram lookup) served steps and measured
+    their acceptance, which is why they were pruned, so they are rows too."""
+    from tests.unit.study_files import H100_STUDY
+
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
+    rows = re.findall(r"<tr><td>(\w+)</td><td>(\w+)</td><td>([\w-]+)</td><td>(\d+)</td>.*?<td>(\d+)</td></tr>",
+                      acceptance_section(study))  # fmt: skip
+    assert ("vllm", "draft_model", "draft-2l", "3", "1") in rows and (
+        "sglang",
+        "draft_model",
+        "draft-2l",
+        "3",
+        "2",
+    ) in rows
+    assert ("sglang", "draft_model", "draft-1l", "2", "1") in rows, "trial 12, pruned"
+    assert {(e, m) for e, m, *_ in rows} >= {("sglang", "eagle3"), ("sglang", "ngram"), ("sglang", "eagle")}
 
 
 def test_a_study_without_speculation_has_no_accept_column() -> None:
