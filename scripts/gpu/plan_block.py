@@ -40,7 +40,7 @@ CALL1_AND_FINISH_S = 60  # call 1 and finish.sh together
 MESSAGE_GAP_S = 30  # held and idle while the next message is written: at most the machine's idle release
 GAPS = 1  # begin.sh's message, then the rest
 POLLS = 6
-POLL_MARGIN_S = 10  # per poll: its own start and the copy it brings back (block 14 of the H100 study: 7 to 12 s)
+POLL_MARGIN_S = 10  # per poll: its own start and the copy it brings back (the H100 study's block14/NOTES.md)
 POLL_TIMEOUT_EXTRA_S = 100  # a poll's limit over its wait: block_poll.sh prints and copies after waiting
 TRIAL_S = 600  # a cold trial from boot to score: one started at T ends by the last poll
 ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failures have eaten the budget")
@@ -76,8 +76,8 @@ def poll_wait_s(left_s: int) -> int:
 def waits_after_call1(p: Plan, rows: int = 10, step_s: int = 30) -> list[tuple[int, int]]:
     """(budget left, `W`) for starts longer than the plan took: message 2 is written after call 1's
     reply shows the budget its start left, so its polls take the first row at or below that figure.
-    The H100 study's block 14 planned a 30 s start, its start took 89 s, and finish.sh got 1 s
-    (reports/gpu-h100/study-1/block14/NOTES.md)."""
+    The H100 study's block 14 planned a shorter start than it got, and finish.sh was left no time
+    (reports/gpu-h100/study-1/block14/NOTES.md, "Device time")."""
     return [(p.budget_s - i * step_s, poll_wait_s(p.budget_s - i * step_s)) for i in range(1, rows + 1)]
 
 
