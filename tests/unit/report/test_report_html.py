@@ -350,6 +350,21 @@ def test_on_the_h100_study_vllms_defaults_are_its_best_under_both_tiers() -> Non
     assert sglang.best is not None and sglang.best.number == 8
 
 
+def test_the_importance_ranking_says_what_it_rests_on() -> None:
+    """PED-ANOVA reads the best tenth of the finished trials: one or two in a GPU study, under the five
+    Optuna advises, and the page says so; a study of fifty finished trials has five, and reads plainly."""
+    from tuner.report.html import ADVISED_TOP, importance_basis, importance_section
+
+    assert importance_basis(15) == (
+        "PED-ANOVA over the 15 finished trials: how the parameters of the best 10% of them (2) differ from the "
+        f"rest's; Optuna advises at least {ADVISED_TOP} trials in that top, so read the ranking as a hint."
+    )
+    assert importance_basis(50).endswith("best 10% of them (5) differ from the rest's.")
+    section = importance_section({"vllm.chunk_size": 1.0}, True, 15)
+    assert "over the 15 finished trials" in section and "a hint" in section
+    assert "PED-ANOVA" not in importance_section({}, True, 1), "no ranking, nothing said of its basis"
+
+
 def test_the_pages_finalists_section_shows_the_repeats_under_way_not_that_none_ran(tmp_path: Path) -> None:
     """The H100 study's file after block 14: three repeats of vLLM's defaults stored, one withdrawn, no
     verdict. The page's section said "no finalist repeats were run" until session 48."""
