@@ -4,8 +4,8 @@
 # archive where setup and study.sh read the tag's code (.gpubundle/tuner-head.tar.gz and .commit) and
 # writes $STATE/block.env: the stage's search settings (stage_env, kept for the polls' restarts) and
 # BLOCK_STUDY / BLOCK_DB, the card's study. Exit 0 when picked; else it says why in $STATE/not-h200 and
-# exits 1 where nothing may start on this machine (neither card, the study file unreadable), 2 where
-# call 1 did not carry the stage's archive (sent again with it, it may).
+# exits 1 where nothing may start on this machine (neither card, the study file unreadable, the card's
+# study done), 2 where call 1 did not carry the stage's archive (sent again with it, it may).
 #   bash scripts/gpu/pick_stage.sh
 set -uo pipefail
 . "$(dirname "$0")/common.sh"
@@ -19,6 +19,7 @@ case "$GPU" in  # one study per card: no trial of one card enters the other's fi
 esac
 STAGE=$("$PY" "$(dirname "$0")/study_stage.py" "$DB" "$NAME" "$STUDY_TRIALS" 2>&1) || refuse "$NAME: study file unreadable: $STAGE"
 S=${STAGE%% *}
+[ "$S" = done ] && refuse "study: $NAME done (${STAGE#* } booted trials, its verdict and every tier's verify stored): nothing to run on this card; give the machine back"
 echo "study: $NAME at $STAGE booted; this block: $S ($(stage_tag "$S"))"
 ARCHIVE=$(stage_archive "$S")
 [ -n "$(stage_tag "$S")" ] && [ -f "$ARCHIVE" ] \

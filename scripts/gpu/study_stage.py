@@ -1,4 +1,5 @@
-"""Which stage a card's study is at, from its file: ``sampling N`` or ``finalists N`` (N booted trials).
+"""Which stage a card's study is at, from its file: ``sampling N``, ``finalists N`` or ``done N`` (N
+booted trials).
 
 Run by pick_stage.sh in a block's call 1 on the device before anything is set up (python3 with the
 standard library only: the tuner is not installed yet): call 1 carries both stages' archives, and
@@ -9,7 +10,11 @@ samples samples from ``gpu-study-1`` and one at its finalists repeats them from 
 A study samples until it has ``TRIALS`` booted trials, counted as ``tuner.fleet.loop.boots_used``
 counts them (COMPLETE, PRUNED or RUNNING, and booted: the ``booted`` attribute, else not screened by
 the memory screen nor a failed stress check's record); tests/unit/test_gpu_transport.py holds the
-two counts equal on both study files. A study with no file yet samples.
+two counts equal on both study files. A study with no file yet samples. A study whose finalists'
+verdict and every tier's ``tuner verify`` report are stored, none an error, is done: a block on its
+card would resume it only to find nothing left, so call 1 says so and the machine goes back (the
+tuner's ``verify`` attribute keeps a tier's report with the ``error`` it could not be checked for,
+and a resumed search checks that tier again).
 
     python3 scripts/gpu/study_stage.py STUDY_DB STUDY_NAME TRIALS
 """
@@ -45,9 +50,28 @@ def booted_trials(db: str, study: str) -> int:
     return sum(1 for a in attrs.values() if a.get("booted", not any(a.get(k) == v for k, v in NEVER_BOOTED.items())))
 
 
+def finished(db: str, study: str) -> bool:
+    """Whether the study's verdict and a verify report per tier, none an error, are stored."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute(
+            "select a.key, a.value_json from study_user_attributes a join studies s using (study_id) "
+            "where s.study_name = ? and a.key in ('verdict', 'verify')",
+            (study,),
+        ).fetchall()
+    finally:
+        con.close()
+    attrs = {key: json.loads(value) for key, value in rows}
+    verdict, verify = attrs.get("verdict"), attrs.get("verify")
+    return (isinstance(verdict, dict) and bool(verdict.get("kind")) and isinstance(verify, dict) and bool(verify)
+            and all(isinstance(r, dict) and "error" not in r for r in verify.values()))  # fmt: skip
+
+
 def stage(db: str, study: str, trials: int) -> str:
     booted = booted_trials(db, study) if Path(db).is_file() else 0
-    return f"{'finalists' if booted >= trials else 'sampling'} {booted}"
+    if booted < trials:
+        return f"sampling {booted}"
+    return f"{'done' if finished(db, study) else 'finalists'} {booted}"
 
 
 if __name__ == "__main__":

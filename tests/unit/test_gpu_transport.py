@@ -196,6 +196,31 @@ def test_call_1_runs_the_stage_its_cards_study_is_at_from_that_stages_archive(
     assert not (tmp_path / "state" / "not-h200").exists()
 
 
+def test_a_study_with_its_verdict_and_every_tiers_verify_is_done_and_its_card_runs_nothing(tmp_path: Path) -> None:
+    """Once the H100 study has its verdict and each tier's `tuner verify` report, a block on an H100
+    would resume it only to find nothing left: call 1 says the study is done and starts nothing. A
+    tier whose check stored an error is checked again, so that study is at its finalists still."""
+    stage = load_gpu_script("study_stage")
+    repo, path = _device_repo(tmp_path), _card(tmp_path, "NVIDIA H100 80GB HBM3")
+    kept = repo / H100_STUDY.relative_to(ROOT)
+    kept.unlink()
+    kept.write_bytes(H100_STUDY.read_bytes())  # a copy to finish, where the fake repo linked the real file
+    study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{kept}")
+    assert stage.stage(str(kept), "rag-h100-study-1", 18) == "finalists 18", "no verdict yet"
+    study.set_user_attr("verdict", {"kind": "tie", "metric": "capacity_interactive_req_s", "trials": [0, 8]})
+    study.set_user_attr("verify", {"interactive": {"trial": 0}, "relaxed": {"trial": 0, "error": "boot failed"}})
+    assert stage.stage(str(kept), "rag-h100-study-1", 18) == "finalists 18", "the relaxed tier is checked again"
+    study.set_user_attr("verify", {"interactive": {"trial": 0}, "relaxed": {"trial": 0}})
+    assert stage.stage(str(kept), "rag-h100-study-1", 18) == "done 18"
+    assert stage.stage(str(H200_STUDY), "rag-h200-study-1", 18) == "sampling 7"
+    begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path, repo=repo)
+    assert begun.returncode == 0, begun.stdout + begun.stderr
+    said = (tmp_path / "state" / "not-h200").read_text()
+    assert said.startswith("study: rag-h100-study-1 done (18 booted trials") and "give the machine back" in said
+    assert not (tmp_path / "state" / "block.env").exists() and not (tmp_path / "state" / "study.log").exists()
+    assert not (tmp_path / "state" / "setup.pid").exists()
+
+
 def test_call_1_without_the_stages_archives_starts_nothing_and_leaves_the_machine_unmarked(tmp_path: Path) -> None:
     """A call 1 that did not carry its stage's archive (the older plan's, or archive.sh not run)
     starts nothing; the rest of its message answers skip, and call 1 sent again with the archives
