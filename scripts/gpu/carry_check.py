@@ -91,7 +91,7 @@ def stage_archives() -> list[str]:
 def stage_archive_bytes(repo: Path = REPO) -> int:
     """The bytes of the stages' archives built so far (``stage_archives``): what call 1 carries
     before any engine cache."""
-    return sum((repo / p).stat().st_size for p in stage_archives() if (repo / p).is_file())
+    return _bytes(repo, set(stage_archives()))
 
 
 def carries(piece: int | None) -> dict[str, int]:

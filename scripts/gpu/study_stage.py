@@ -25,23 +25,30 @@ import json
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 COUNTED = ("COMPLETE", "PRUNED", "RUNNING")
 NEVER_BOOTED = {"failure": "screened", "config_kind": "stress_check"}  # tuner.study.attrs
 
 
-def booted_trials(db: str, study: str) -> int:
-    """The study's booted trials, read-only from Optuna's tables."""
+def _read(db: str, sql: str, args: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """One query's rows, read-only from Optuna's tables."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        rows = con.execute(
-            "select t.trial_id, a.key, a.value_json from trials t join studies s using (study_id) "
-            "left join trial_user_attributes a on a.trial_id = t.trial_id "
-            f"where s.study_name = ? and t.state in ({', '.join('?' * len(COUNTED))})",
-            (study, *COUNTED),
-        ).fetchall()
+        return con.execute(sql, args).fetchall()
     finally:
         con.close()
+
+
+def booted_trials(db: str, study: str) -> int:
+    """The study's booted trials."""
+    rows = _read(
+        db,
+        "select t.trial_id, a.key, a.value_json from trials t join studies s using (study_id) "
+        "left join trial_user_attributes a on a.trial_id = t.trial_id "
+        f"where s.study_name = ? and t.state in ({', '.join('?' * len(COUNTED))})",
+        (study, *COUNTED),
+    )
     attrs: dict[int, dict[str, object]] = {}
     for trial_id, key, value in rows:
         attrs.setdefault(trial_id, {})
@@ -52,15 +59,12 @@ def booted_trials(db: str, study: str) -> int:
 
 def finished(db: str, study: str) -> bool:
     """Whether the study's verdict and a verify report per tier, none an error, are stored."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = con.execute(
-            "select a.key, a.value_json from study_user_attributes a join studies s using (study_id) "
-            "where s.study_name = ? and a.key in ('verdict', 'verify')",
-            (study,),
-        ).fetchall()
-    finally:
-        con.close()
+    rows = _read(
+        db,
+        "select a.key, a.value_json from study_user_attributes a join studies s using (study_id) "
+        "where s.study_name = ? and a.key in ('verdict', 'verify')",
+        (study,),
+    )
     attrs = {key: json.loads(value) for key, value in rows}
     verdict, verify = attrs.get("verdict"), attrs.get("verify")
     return (isinstance(verdict, dict) and bool(verdict.get("kind")) and isinstance(verify, dict) and bool(verify)
