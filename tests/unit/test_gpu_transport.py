@@ -165,7 +165,7 @@ def test_the_stage_read_on_the_device_counts_the_booted_trials_as_the_search_doe
     stage = load_gpu_script("study_stage")
     assert stage.NEVER_BOOTED == {"failure": SCREENED, "config_kind": STRESS_CHECK_KIND}  # booted()'s markers
     for name, path, expected in (("rag-h100-study-1", H100_STUDY, "finalists 18"),
-                                 ("rag-h200-study-1", H200_STUDY, "sampling 7")):  # fmt: skip
+                                 ("rag-h200-study-1", H200_STUDY, "sampling 8")):  # fmt: skip
         study = optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
         assert stage.booted_trials(str(path), name) == boots_used(study)
         assert stage.stage(str(path), name, 18) == expected
@@ -175,7 +175,7 @@ def test_the_stage_read_on_the_device_counts_the_booted_trials_as_the_search_doe
 
 @pytest.mark.parametrize(("card", "study", "stage", "settings"), [
     ("NVIDIA H100 80GB HBM3", "rag-h100-study-1", "finalists 18", "FINALISTS=1 REPEATS=3 STRESS=1 VERIFY=1"),
-    ("NVIDIA H200", "rag-h200-study-1", "sampling 7", "FINALISTS=0 REPEATS=0 STRESS=0 VERIFY=0"),
+    ("NVIDIA H200", "rag-h200-study-1", "sampling 8", "FINALISTS=0 REPEATS=0 STRESS=0 VERIFY=0"),
 ])  # fmt: skip
 def test_call_1_runs_the_stage_its_cards_study_is_at_from_that_stages_archive(
     tmp_path: Path, card: str, study: str, stage: str, settings: str
@@ -212,7 +212,7 @@ def test_a_study_with_its_verdict_and_every_tiers_verify_is_done_and_its_card_ru
     assert stage.stage(str(kept), "rag-h100-study-1", 18) == "finalists 18", "the relaxed tier is checked again"
     study.set_user_attr("verify", {"interactive": {"trial": 0}, "relaxed": {"trial": 0}})
     assert stage.stage(str(kept), "rag-h100-study-1", 18) == "done 18"
-    assert stage.stage(str(H200_STUDY), "rag-h200-study-1", 18) == "sampling 7"
+    assert stage.stage(str(H200_STUDY), "rag-h200-study-1", 18) == "sampling 8"
     begun = _gpu_script("begin.sh", "920", root=tmp_path, path=path, repo=repo)
     assert begun.returncode == 0, begun.stdout + begun.stderr
     said = (tmp_path / "state" / "not-h200").read_text()
