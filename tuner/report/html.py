@@ -167,16 +167,17 @@ def best_vs_default_section(study: optuna.Study, price: float | None = None) -> 
         return _repeats_under_way(study)
     metrics = list(dict.fromkeys(m for f in finalists for m in f.get("stats") or {}))
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    tier = tiers(study)[0].name if is_capacity_study(study) and tiers(study) else None
-    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics) + (
-        "<th>cost at the SLO (at the repeats' mean capacity)</th>" if tier else ""
+    # each tier's cost column, at the repeats' mean capacity under it (a capacity-pareto study scores two)
+    priced = [t.name for t in tiers(study)] if is_capacity_study(study) else []
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics) + "".join(
+        f"<th>cost at the {html.escape(tier)} SLO (at the repeats' mean capacity)</th>" for tier in priced
     )
     rows = []
     for f in finalists:
         stats = f.get("stats") or {}
         cells = "".join(f"<td>{mean_interval(s)}</td>" if (s := stats.get(m)) else "<td>-</td>" for m in metrics)
-        if tier is not None:  # the repeats' mean capacity priced: output tokens per GPU, and $ with a price
-            trial = by_number.get(f.get("trial"))  # type: ignore[arg-type]
+        trial = by_number.get(f.get("trial"))  # type: ignore[arg-type]
+        for tier in priced:  # the repeats' mean capacity priced: output tokens per GPU, and $ with a price
             mean = (stats.get(f"capacity_{tier}_req_s") or {}).get("mean")
             cells += f"<td>{html.escape(cost_text(trial.user_attrs, tier, price, mean) if trial else '') or '-'}</td>"
         kind = "engine default" if f.get("config_kind") == DEFAULT_KIND else "tuned"

@@ -14,6 +14,7 @@ import optuna
 from tuner.report.capacity import is_capacity_study, objective_capacity
 from tuner.study.attrs import StudyAttrs, study_attrs_of
 from tuner.study.feasible import feasible_pareto, feasible_trials
+from tuner.study.verdict import verdicts_by_metric
 
 Trial = optuna.trial.FrozenTrial
 
@@ -28,13 +29,24 @@ def launch_choice(study: optuna.Study) -> tuple[str, list[Trial]]:
             return "no winner: no feasible trial", []
         return f"{no_verdict_yet(attrs)}: trial {best.number} is the best feasible trial", [best]
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    named = [n for n in verdict.get("trials") or [] if isinstance(n, int)]
-    shown = [trials[n] for n in named if n in trials]
-    if verdict["kind"] in ("winner", "sole") and shown:
-        return f"trial {shown[0].number} wins the verdict", shown[:1]
-    if verdict["kind"] == "tie":
-        return f"no winner: the verdict is a tie between trials {' and '.join(map(str, named))}", shown
-    return "no winner: no finalist served all its repeats", []
+    by_metric = verdicts_by_metric(verdict)
+    choices = {metric: _choice(v, trials) for metric, v in by_metric.items()}
+    if len(set(choices.values())) == 1:  # one verdict, or every tier's alike: said once
+        said, numbers = next(iter(choices.values()))
+    else:  # a verdict per tier (capacity-pareto): each tier's, and every trial any of them names
+        said = "; ".join(f"{metric}: {text}" for metric, (text, _) in choices.items())
+        numbers = tuple(dict.fromkeys(n for _, named in choices.values() for n in named))
+    return said, [trials[n] for n in numbers]
+
+
+def _choice(verdict: dict[str, Any], trials: dict[int, Trial]) -> tuple[str, tuple[int, ...]]:
+    """One metric's verdict as the launch section says it, and the trials whose commands it shows."""
+    named = tuple(n for n in verdict.get("trials") or [] if isinstance(n, int) and n in trials)
+    if verdict.get("kind") in ("winner", "sole") and named:
+        return f"trial {named[0]} wins the verdict", named[:1]
+    if verdict.get("kind") == "tie":
+        return f"no winner: the verdict is a tie between trials {' and '.join(map(str, named))}", named
+    return "no winner: no finalist served all its repeats", ()
 
 
 def no_verdict_yet(attrs: StudyAttrs) -> str:

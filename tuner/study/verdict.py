@@ -63,18 +63,29 @@ def interval_text(stats: Mapping[str, Any], fmt: str = ".1f") -> str:
 
 
 def describe_verdict(verdict: dict[str, Any]) -> str:
+    """The verdict in one line: on every metric it was reached on (a capacity-pareto study's verdict is
+    one per tier, ``by_metric``; its top level repeats the first), then the stress check's failures."""
     failed = verdict.get("stress_failed") or []
-    text = _verdict_text(verdict)
+    texts = dict.fromkeys(_verdict_text(v) for v in verdicts_by_metric(verdict).values())  # "sole" reads alike
+    text = "verdict: " + "; ".join(texts)
     return text + (f"; failed the stress check: trials {', '.join(map(str, failed))}" if failed else "")
+
+
+def verdicts_by_metric(verdict: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each metric's own verdict: ``by_metric`` where the stage judged several, else the verdict itself."""
+    by_metric = verdict.get("by_metric")
+    if isinstance(by_metric, dict) and by_metric:
+        return {str(m): v for m, v in by_metric.items() if isinstance(v, dict)}
+    return {str(verdict.get("metric")): dict(verdict)}
 
 
 def _verdict_text(verdict: dict[str, Any]) -> str:
     trials = ", ".join(str(t) for t in verdict["trials"])
     if verdict["kind"] == "winner":
-        return f"verdict: trial {trials} wins on {verdict['metric']} (its 95 % interval clears the runner-up's)"
+        return f"trial {trials} wins on {verdict['metric']} (its 95 % interval clears the runner-up's)"
     if verdict["kind"] == "sole":
-        return f"verdict: trial {trials} is the only finalist that served all its repeats; nothing to compare"
+        return f"trial {trials} is the only finalist that served all its repeats; nothing to compare"
     if verdict["kind"] == "tie":
         why = verdict.get("reason") or "their 95 % intervals overlap"
-        return f"verdict: tie on {verdict['metric']} between trials {trials} ({why})"
-    return "verdict: no finalist served all its repeats"
+        return f"tie on {verdict['metric']} between trials {trials} ({why})"
+    return "no finalist served all its repeats"

@@ -405,6 +405,44 @@ def test_summary_holds_the_finalists_repeats_so_far_and_then_their_intervals_and
     assert "- capacity_req_s: verdict: trial 2 is the only finalist that served all its repeats" in summary
 
 
+def test_a_verdict_per_tier_is_said_for_every_tier_and_each_tier_is_priced(
+    capacity_study: optuna.Study, tmp_path: Path
+) -> None:
+    """A capacity-pareto study's finalists are judged per tier (``by_metric``; the top level repeats
+    the first tier's). The report said the first tier's verdict alone at its top, in the page's
+    section and on the launch commands, and priced the first tier alone: a rehearsal of the H100
+    study's end (its tiers tie, on different trials first) read as if the relaxed tier had no verdict."""
+    from tuner.report.html import summary_md
+
+    stats = {f"capacity_{t}_req_s": {"mean": m, "low": m - 0.2, "high": m + 0.2, "n": 3}
+             for t, m in (("interactive", 4.0), ("relaxed", 6.0))}  # fmt: skip
+    capacity_study.set_user_attr("finalists", [{"trial": 2, "stats": stats, "failures": []},
+                                               {"trial": 0, "stats": stats, "failures": []}])  # fmt: skip
+    interactive = {"kind": "winner", "metric": "capacity_interactive_req_s", "trials": [2, 0]}
+    relaxed = {"kind": "tie", "metric": "capacity_relaxed_req_s", "trials": [0, 2]}
+    verdict = {**interactive, "by_metric": {"capacity_interactive_req_s": interactive,
+                                            "capacity_relaxed_req_s": relaxed}, "stress_failed": []}  # fmt: skip
+    capacity_study.set_user_attr("verdict", verdict)
+    summary = summary_md(capacity_study)
+    said = ("verdict: trial 2, 0 wins on capacity_interactive_req_s (its 95 % interval clears the runner-up's); "
+            "tie on capacity_relaxed_req_s between trials 0, 2 (their 95 % intervals overlap)")  # fmt: skip
+    assert f"- {said}\n" in summary
+    assert ("capacity_interactive_req_s: trial 2 wins the verdict; capacity_relaxed_req_s: no winner: the verdict "
+            "is a tie between trials 0 and 2") in summary  # fmt: skip
+    launch = summary[summary.index("## Launch command of the winner") :]
+    assert launch.index("trial 2") < launch.index("trial 0 (engine default)"), "every trial a tier names, once"
+    page, _ = _page(capacity_study, tmp_path)
+    section = _section(page, "best-vs-default")
+    assert html.escape(said) in section
+    for tier in ("interactive", "relaxed"):
+        assert f"<th>cost at the {tier} SLO (at the repeats' mean capacity)</th>" in section, tier
+    one = {"kind": "sole", "metric": "capacity_req_s", "trials": [2]}
+    capacity_study.set_user_attr("verdict", {**one, "by_metric": {"a": one, "b": {**one, "metric": "b"}}})
+    assert "- verdict: trial 2 is the only finalist that served all its repeats; nothing to compare\n" in (
+        summary_md(capacity_study)
+    ), "what reads alike on every tier is said once"
+
+
 def test_the_engines_cost_cell_prices_the_repeats_mean_beside_the_trials_own(capacity_study: optuna.Study) -> None:
     from tuner.report.engines import engines_section
 
