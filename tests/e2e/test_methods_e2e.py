@@ -11,11 +11,13 @@ boots. The study is its own module's, so a parallel test run serves it beside th
 from __future__ import annotations
 
 import json
+import re
 
 import optuna
 import pytest
 
 from tests.e2e.conftest import search_study
+from tuner.report.overrides import overrides_lines
 
 # The module's study (four boots, each with a capacity search) is set up inside the first test's time,
 # and runs while the other engine files boot (tests/scheduling.py sends them first): on two cores
@@ -78,6 +80,23 @@ def test_each_method_booted_and_its_acceptance_is_recorded_at_every_step(specula
     accepted = {method: t.user_attrs["speculation"]["acceptance_rate"] or 0.0 for method, t in by_method.items()}
     assert accepted["draft_model"] > accepted["eagle3"], said
     print("booted on the vLLM CPU build: " + "; ".join(said))
+
+
+def test_each_trial_records_what_vllm_changed_of_its_config(speculated: optuna.Study) -> None:
+    """Read off each real boot's log by the adapter (``config_overrides``): the CPU build runs every
+    config on the V1 model runner, and with speculation vLLM caps the tokens a step schedules, which it
+    does not for the defaults; the report lists each change once."""
+    trials = speculated.get_trials()
+    by_method = {t.user_attrs["speculation"]["method"]: t for t in trials[1:]}
+    runner = "the V1 model runner (V2 requires Triton)"
+    for trial in trials:
+        assert runner in trial.user_attrs["engine_overrides"], (trial.number, trial.user_attrs["engine_overrides"])
+    drafting = re.compile(r"at most \d+ tokens scheduled a step \(set for speculative decoding\)")
+    assert any(drafting.fullmatch(c) for c in by_method["draft_model"].user_attrs["engine_overrides"])
+    assert not any(drafting.fullmatch(c) for c in trials[0].user_attrs["engine_overrides"]), "the defaults"
+    assert f"vllm changed the config: {runner} (trials {', '.join(str(t.number) for t in trials)})" in (
+        overrides_lines(speculated)
+    )
 
 
 def test_the_default_sampler_predicted_each_trial_before_it_booted(speculated: optuna.Study) -> None:

@@ -34,6 +34,9 @@ An ``EngineAdapter`` is pure logic: it performs no I/O, so it can be unit-tested
 * ``default_memory_fraction`` is the share of device memory the engine takes when no memory
   fraction is given (None: the engine derives it itself), and ``kv_tokens_required(model)`` the KV
   cache in tokens below which it refuses to start; the memory screen (``tuner.search.memory``) uses both.
+* ``config_overrides`` are the engine's log lines that say it changed the config it was asked for
+  (a feature turned off, a cap set), each with what it means; ``overrides_in(log)`` reads them off a
+  boot's log, so a trial's record says what the engine really ran.
 * ``draft_slots_signature`` is the engine's message when speculative drafting leaves no token to
   schedule, and ``draft_slots(params)`` the scheduling slots a request's drafting takes under
   ``params`` (None: the engine does not say); ``tuner.search.rejections`` generalises such a
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import abc
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -246,6 +250,8 @@ class EngineAdapter(abc.ABC):
     ttft_histogram: str = ""
     waiting_gauge: str | None = None
     failure_signatures: tuple[tuple[str, str], ...] = ()
+    # (a log line's pattern, what it means: a str.format of the pattern's named groups)
+    config_overrides: tuple[tuple[str, str], ...] = ()
     default_memory_fraction: float | None = None
     draft_slots_signature: str | None = None
     spec_methods: Mapping[str, SpecSupport] = MappingProxyType({})
@@ -258,6 +264,16 @@ class EngineAdapter(abc.ABC):
 
     def kv_tokens_required(self, model: ModelSpec) -> int:
         return 1  # any positive KV pool
+
+    def overrides_in(self, log: str) -> list[str]:
+        """What the engine says in ``log`` it changed of the config it was given (``config_overrides``,
+        in their order; each said once, at its first line: an engine's processes may log it twice)."""
+        found = []
+        for pattern, means in self.config_overrides:
+            match = re.search(pattern, log)
+            if match is not None:
+                found.append(means.format(**match.groupdict()))
+        return list(dict.fromkeys(found))
 
     def cache_reset(self, status: int, body: bytes) -> CacheReset:
         """What the server's answer to a POST on ``reset_cache_path`` says: done on 200, busy on

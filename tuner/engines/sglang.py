@@ -95,6 +95,17 @@ SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"Capture cuda graph failed", "oom_boot"),
 )
 
+# What SGLang logs when it changes the config it was given (its server_args and
+# arg_groups/speculative_hook.py; 0.5.17 on the H200, tests/data/captures/sglang-0.5.17-h200): with
+# speculation and no --max-running-requests it caps the running requests, and a method that takes
+# one value of a flag overrides the one given.
+OVERRIDES: tuple[tuple[str, str], ...] = (
+    (r"Max running requests is reset to (?P<n>\d+) for speculative decoding",
+     "at most {n} running requests (SGLang's cap with speculation; --max-running-requests not given)"),
+    (r"overriding (?P<flag>\w+)=(?P<was>\S+) to (?P<now>[^\s.]+)", "{flag} {now}, not {was}"),
+    (r"Overlap schedule is not implemented for (?P<what>[^.]+)", "no overlap schedule ({what})"),
+)  # fmt: skip
+
 
 def tree(k: int, given: Sequence[int] | None) -> tuple[int, int]:
     """Top-k and draft tokens of the draft tree for K steps: a chain of K + 1 without ``given`` or at
@@ -117,6 +128,7 @@ class SglangAdapter(EngineAdapter):
     spec_methods = SPEC_METHODS
     check_script = str(SCRIPTS / "check_sglang.py")
     failure_signatures = SIGNATURES
+    config_overrides = OVERRIDES
     export_formats = ("sh", "json", "python")  # SGLang's users launch from Python as often as from a shell
     runtime_class = "sglang.Runtime"
     reset_cache_path = "/flush_cache"

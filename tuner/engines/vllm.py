@@ -122,6 +122,21 @@ SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"on startup is less than desired CPU memory utilization", "oom_boot"),  # the CPU build
     (r"Failed to load model - not enough GPU memory", "oom_boot"),
 )
+# What vLLM logs when it changes the config it was given (vllm/config/vllm.py; 0.26 on the H200,
+# tests/data/captures/vllm-0.26.0-h200-2026-12-07, and 0.32's CPU build): a draft model turns
+# async scheduling off on 0.26 (0.32 keeps it on), a K-by-batch-size schedule on the V1 model runner
+# keeps only piecewise CUDA graphs, speculation caps the tokens a step schedules (0.26 keeps a draft
+# model's slots out of them), and the V2 model runner falls
+# back to V1 for a method it lacks (or without Triton).
+OVERRIDES: tuple[tuple[str, str], ...] = (
+    (r"Async scheduling not supported with (?P<method>\S+)-based speculative decoding and will be disabled",
+     "async scheduling off (vLLM does not run it with {method})"),
+    (r"Overriding cudagraph_mode from (?P<was>\w+) to PIECEWISE",
+     "CUDA graphs piecewise only, not {was} (a K-by-batch-size schedule)"),
+    (r"max_num_scheduled_tokens is set to (?P<tokens>\d+) based on the speculative decoding settings",
+     "at most {tokens} tokens scheduled a step (set for speculative decoding)"),
+    (r"Model Runner V2 (?P<why>[^;]+); using the V1 model runner instead", "the V1 model runner (V2 {why})"),
+)  # fmt: skip
 # ``vllm bench serve`` through its module's own parser: ``python -c BENCH_SERVE [flags]``
 # vLLM's own client, with its ShareGPT reader told two things of the tuner's file: every entry is
 # kept, in order (its is_valid_sequence filter drops prompts over 1024 tokens, a rule kept from its old
@@ -165,6 +180,7 @@ class VllmAdapter(EngineAdapter):
     spec_methods = SPEC_METHODS
     check_script = str(SCRIPTS / "check_vllm.py")
     failure_signatures = SIGNATURES
+    config_overrides = OVERRIDES
     reset_cache_path = "/reset_prefix_cache"  # served only with VLLM_SERVER_DEV_MODE=1
     measuring_env = MappingProxyType({"VLLM_SERVER_DEV_MODE": "1"})
     default_memory_fraction = VLLM_DEFAULT_MEMORY_FRACTION

@@ -25,7 +25,7 @@ from tuner.errors import EngineLaunchError
 from tuner.measure.failures import classify_serve
 from tuner.measure.goodput import goodput, steady_throughput
 from tuner.measure.metrics import MAX_ERROR_RATE, request_log, scrape_metrics, summarize
-from tuner.measure.process import ServerProcess, free_port, tail
+from tuner.measure.process import ServerProcess, free_port, head, tail
 from tuner.measure.rate_steps import CapacityOutcome, CapacityPlan, Measured, measure_step, search_capacity
 from tuner.measure.stress import VERSION, peak_concurrency, stress_requests
 from tuner.measure.supply import RequestSupply
@@ -78,6 +78,8 @@ def run_trial(
             result.log_tail = tail(log_path)
     result.peak_memory_bytes = memory.peak_bytes
     result.engine_gpu_peak_bytes = memory.engine_peak_bytes
+    if log_path.exists():  # what the engine changed of the config it was given, as its boot logged it
+        result.engine_overrides = adapter.overrides_in(head(log_path))
     return result
 
 
@@ -126,6 +128,7 @@ class TrialResult:
     log_path: str = ""
     log_tail: str = ""
     warnings: list[str] = field(default_factory=list)
+    engine_overrides: list[str] = field(default_factory=list)  # what the engine changed (config_overrides)
     ttft_samples_ms: list[float] = field(default_factory=list)  # every successful request's, for CDFs
     request_log: list[dict[str, Any]] = field(default_factory=list)  # see request_log()
     phases_s: dict[str, float] = field(default_factory=dict)  # wall time of boot, warmup, drive, stress

@@ -42,6 +42,7 @@ from tuner.report.describe import (
     params_text,
 )
 from tuner.report.engines import engines_md, engines_section
+from tuner.report.overrides import overrides_md, overrides_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trial_costs import costs_md, costs_section
 from tuner.report.trials_table import repeats_cell, study_price
@@ -356,7 +357,8 @@ def write_report(study: optuna.Study, out_root: Path, gpu_price: float | None = 
         first = [pareto_section(study), cdf_section(study)]
     sections = [*first, costs_section(study), importance_section(found, capacity, len(_completed(study))),
                 best_vs_default_section(study, price), failure_map_section(study, list(found)),
-                acceptance_section(study), verified_section(study), launch_section(study)]  # fmt: skip
+                acceptance_section(study), overrides_section(study), verified_section(study),
+                launch_section(study)]  # fmt: skip
     out = out_root / safe_name(study.study_name)
     out.mkdir(parents=True, exist_ok=True)
     page = f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(study.study_name)}</title>'
@@ -377,7 +379,7 @@ def summary_md(study: optuna.Study, price: float | None = None) -> str:
         lines.append(f"- {describe_verdict(verdict)}")
     if is_capacity_study(study):
         lines += engines_md(study, price)
-    lines += finalists_md(study) + costs_md(study) + verified_md(study)
+    lines += finalists_md(study) + costs_md(study) + overrides_md(study) + verified_md(study)
     said, trials = launch_choice(study)
     lines += ["", "## Launch command of the winner", "", said]
     for t in trials:

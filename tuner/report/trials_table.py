@@ -23,6 +23,7 @@ from tuner.report.capacity import (
     tiers,
 )
 from tuner.report.describe import engine_of, params_text
+from tuner.report.overrides import overrides_lines
 from tuner.study.attrs import SCREENED, is_default, study_attrs_of
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
@@ -182,6 +183,7 @@ def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:
         priced = f" at ${price:g}/GPU-hour" if price is not None else " (--gpu-price to price them)"
         lines.append(f"tok/s/GPU: output tokens per second per GPU at the {first} tier's capacity{priced}")
     lines.append(search_effort(study))
+    lines += overrides_lines(study)
     withdrawn = attrs.get("finalist_runs_withdrawn") or {}
     lines += [f"trial {n}: repeat {r.get('repeat')} withdrawn ({r.get('withdrawn')})"
               for n, runs in withdrawn.items() for r in runs]  # fmt: skip

@@ -60,6 +60,7 @@ class TrialAttrs(TypedDict, total=False):
     log_path: str
     log_tail: str
     warnings: list[str]
+    engine_overrides: list[str]  # what the engine said it changed of the config (EngineAdapter.overrides_in)
     ttft_samples_ms: list[float]
     request_log: list[dict[str, Any]]
     checkpoints: dict[str, dict[str, float]]
