@@ -123,11 +123,11 @@ SIGNATURES: tuple[tuple[str, str], ...] = (
     (r"Failed to load model - not enough GPU memory", "oom_boot"),
 )
 # What vLLM logs when it changes the config it was given (vllm/config/vllm.py; 0.26 on the H200,
-# tests/data/captures/vllm-0.26.0-h200-2026-12-07, and 0.32's CPU build): a draft model turns
-# async scheduling off on 0.26 (0.32 keeps it on), a K-by-batch-size schedule on the V1 model runner
-# keeps only piecewise CUDA graphs, speculation caps the tokens a step schedules (0.26 keeps a draft
-# model's slots out of them), and the V2 model runner falls
-# back to V1 for a method it lacks (or without Triton).
+# tests/data/captures/vllm-0.26.0-h200-2026-12-07, and 0.32's CPU build): a draft model turns async
+# scheduling off on 0.26 (0.32 keeps it on), a K-by-batch-size schedule on the V1 model runner keeps
+# only piecewise CUDA graphs, speculation caps the tokens a step schedules (0.26 keeps a draft
+# model's slots out of them), and the V2 model runner falls back to V1 for a method it lacks (or
+# without Triton).
 OVERRIDES: tuple[tuple[str, str], ...] = (
     (r"Async scheduling not supported with (?P<method>\S+)-based speculative decoding and will be disabled",
      "async scheduling off (vLLM does not run it with {method})"),
