@@ -50,10 +50,15 @@ JSON_PATH = _report.REPORTS / "search_model.json"
 
 
 def label(engine: str, params: dict[str, Any]) -> str:
-    """A trial's config in a few words: its engine and the parameters it sets."""
+    """A trial's config in a few words: its engine and the parameters it sets (a K-by-batch-size
+    schedule as its bands, ``K by running requests 1-4: 4, 5-16: 2, 17-4096: 0``)."""
     if not params:
         return f"{engine} defaults"
-    return f"{engine} " + ", ".join(f"{k}={v}" for k, v in params.items() if k != "spec_schedule")
+    said = [f"{k}={v}" for k, v in params.items() if k != "spec_schedule"]
+    if params.get("spec_schedule"):
+        bands = ", ".join(f"{first}-{last}: {k}" for first, last, k in params["spec_schedule"])
+        said.append(f"K by running requests {bands}")
+    return f"{engine} " + ", ".join(said)
 
 
 def leave_one_out(study: optuna.Study) -> dict[str, Any]:
