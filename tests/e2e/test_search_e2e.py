@@ -144,8 +144,11 @@ def test_trials_command_prints_the_table(study: optuna.Study, storage: str) -> N
     done = tuner("trials", "--study", STUDY, "--storage", storage)
     assert done.returncode == 0, done.stderr
     assert "kv_insufficient" in done.stdout and "engine defaults" in done.stdout and "screened" in done.stdout
-    # header, trials, legend, one SLO line per tier, what tok/s/GPU is, effort, verdict
-    assert len(done.stdout.splitlines()) == 1 + len(study.trials) + 3 + 3, done.stdout
+    # header, trials, legend, one SLO line per tier, what tok/s/GPU is, effort, what vLLM changed, verdict
+    assert len(done.stdout.splitlines()) == 1 + len(study.trials) + 3 + 3 + 1, done.stdout
+    booted = ", ".join(str(t.number) for t in study.trials if t.user_attrs.get("booted"))
+    # the CPU build logs its model-runner fallback in every boot, the one the KV pool refused included
+    assert f"vllm changed the config: the V1 model runner (V2 requires Triton) (trials {booted})" in done.stdout
     assert "tok/s/GPU" in done.stdout.splitlines()[0] and "(--gpu-price to price them)" in done.stdout
     assert "SLO interactive: " in done.stdout and "SLO relaxed: " in done.stdout
     assert "screened by the memory screen" in done.stdout
