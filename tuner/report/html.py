@@ -60,7 +60,7 @@ from tuner.study.attrs import (
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto
 from tuner.study.objectives import objective_named
-from tuner.study.verdict import describe_verdict
+from tuner.study.verdict import describe_verdict, verdicts_by_metric
 
 Trial = optuna.trial.FrozenTrial
 
@@ -237,8 +237,7 @@ def finalists_md(study: optuna.Study) -> list[str]:
     lines += [f"| {n} | {label} | " + " | ".join(cells) + " |" for n, label, cells in rows]
     verdict = study_attrs_of(study).get("verdict")
     if isinstance(verdict, dict):
-        by_metric = verdict.get("by_metric") or {verdict.get("metric"): verdict}
-        lines += [""] + [f"- {m}: {describe_verdict(v)}" for m, v in by_metric.items() if isinstance(v, dict)]
+        lines += [""] + [f"- {m}: {describe_verdict(v)}" for m, v in verdicts_by_metric(verdict).items()]
     return lines
 
 
