@@ -175,9 +175,7 @@ done
 log "ready after $(( $(date +%s) - t0 )) s: $(tail -1 "$STATE/vllm.probe")"
 
 cd "$RUN" || exit 1
-mkdir -p "$CACHE"
-export XDG_CACHE_HOME=$CACHE VLLM_CACHE_ROOT=$CACHE/vllm TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor \
-  TRITON_CACHE_DIR=$CACHE/triton FLASHINFER_WORKSPACE_BASE=$CACHE
+export_caches
 TUNER=(env "PYTHONPATH=$PYDEPS/tuner:$RUN" "$PY" -m tuner)  # a command, so `timeout` can run it
 VLLM=$ENGINES/vllm/bin/python
 if timeout 60 "${TUNER[@]}" verify --help > "$CKD/verify_help.txt" 2>&1; then HAVE_VERIFY=1; else HAVE_VERIFY=0; fi

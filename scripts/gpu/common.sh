@@ -14,6 +14,20 @@ CAPTURES=$ROOT/captures        # pynvml samples and /metrics scrapes taken besid
 # the block before compiled, and a cold boot took far longer than the next boot on the same machine
 # (reports/gpu-h100/study-1/block12/NOTES.md, "The repeats of vLLM's defaults").
 CACHE=$STATE/cache
+# Every cache folder the engines write, under $CACHE (study.sh and capacity_check.sh call this before
+# a boot). XDG_CACHE_HOME covers the libraries that follow it (FlashInfer's JIT among them); SGLang
+# 0.5.17 does not: it builds its JIT kernels with tvm-ffi into TVM_FFI_CACHE_DIR (default
+# ~/.cache/tvm-ffi, sglang/kernels/jit/utils/compile.py) and keeps its own caches in SGLANG_CACHE_DIR
+# (default ~/.cache/sglang, sglang/srt/environ.py); 0.5.23 builds them into SGLANG_JIT_CACHE_DIR
+# (default ~/.cache/sglang/jit, sglang/kernels/jit/utils/compile/cache.py). Without them a block's
+# first SGLang boot waited with the GPU idle where its second did not, and the pack held nothing of
+# SGLang's: most likely those builds (reports/gpu-h100/study-1/block15/NOTES.md, "Boots").
+export_caches() {
+  mkdir -p "$CACHE"
+  export XDG_CACHE_HOME=$CACHE VLLM_CACHE_ROOT=$CACHE/vllm TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor \
+    TRITON_CACHE_DIR=$CACHE/triton FLASHINFER_WORKSPACE_BASE=$CACHE \
+    TVM_FFI_CACHE_DIR=$CACHE/tvm-ffi SGLANG_CACHE_DIR=$CACHE/sglang SGLANG_JIT_CACHE_DIR=$CACHE/sglang/jit
+}
 # The packed caches of one study (STUDY_NAME): .gpubundle/ holds it here, $OUT its parts on the way back.
 cache_pack() { echo "engine-cache-$1.tar.gz"; }
 . "$(dirname "${BASH_SOURCE[0]}")/stages.sh"  # the studies' two stages: their tags, settings, archives

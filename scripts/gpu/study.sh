@@ -17,9 +17,9 @@
 # Poisson rate meeting the rag preset's interactive and relaxed GPU tiers), both generated drafts and
 # both generated heads (EAGLE-3, EAGLE; make_models.py writes them beside the drafts),
 # a pool of REQUESTS prompts so the rate steps send distinct prompts, no closed-loop --concurrency.
-# The engines' compile caches (vLLM's torch.compile, inductor, triton, flashinfer/deep_gemm JIT under
-# XDG_CACHE_HOME) live under $CACHE (common.sh), so every trial of a lease after the first of its
-# engine reuses them, and so does the study's next block (begin.sh unpacks what poll.sh packed).
+# The engines' compile caches (vLLM's torch.compile, inductor, triton, FlashInfer's and SGLang's JIT
+# kernels) live under $CACHE (common.sh, export_caches), so every trial of a lease after the first of
+# its engine reuses them, and so does the study's next block (begin.sh unpacks what poll.sh packed).
 # ENGINES_ONLY (e.g. vllm, or vllm,sglang) passes `--engines ENGINES_ONLY`, so the study boots only
 # those engines; unset, no --engines is passed and the space's engines are searched (as before).
 set -uo pipefail
@@ -66,9 +66,7 @@ if [ "${OOM:-0}" = 1 ]; then
 fi
 cd "$RUN"
 echo "$(date +%s)" > "$STATE/search.start"
-mkdir -p "$CACHE"
-export XDG_CACHE_HOME=$CACHE VLLM_CACHE_ROOT=$CACHE/vllm TORCHINDUCTOR_CACHE_DIR=$CACHE/inductor \
-  TRITON_CACHE_DIR=$CACHE/triton FLASHINFER_WORKSPACE_BASE=$CACHE
+export_caches
 STRESS_FLAG=(); [ "${STRESS:-0}" = 1 ] || STRESS_FLAG=(--no-stress)
 VERIFY_FLAG=(); [ "${VERIFY:-0}" = 1 ] && VERIFY_FLAG=(--verify)  # each tier's winner, by the engine's own client
 ENGINES_FLAG=(); [ -z "${ENGINES_ONLY:-}" ] || ENGINES_FLAG=(--engines "$ENGINES_ONLY")

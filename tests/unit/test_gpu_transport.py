@@ -293,6 +293,33 @@ def test_the_engine_caches_go_back_in_parts_after_a_boot_and_unpack_on_the_next_
     assert broken.returncode == 0 and "did not unpack" in broken.stdout, broken.stdout
 
 
+def test_every_engine_cache_folder_lies_under_the_folder_a_block_carries(tmp_path: Path) -> None:
+    """export_caches (common.sh), as study.sh and capacity_check.sh call it: each folder an engine
+    writes compiled kernels to lies under $CACHE, which caches.sh packs. SGLang's JIT kernels do not
+    follow XDG_CACHE_HOME, and without their own variables the H100 study's block 15 built them again
+    with the GPU idle (reports/gpu-h100/study-1/block15/NOTES.md, "Boots")."""
+    script = f'. "{GPU_SCRIPTS / "common.sh"}" && export_caches && echo "$CACHE" && env'
+    done = subprocess.run(["bash", "-c", script], env={**os.environ, "GPU_ROOT": str(tmp_path)},
+                          capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    cache, *lines = done.stdout.splitlines()
+    assert cache == str(tmp_path / "state" / "cache") and Path(cache).is_dir()
+    folders = dict(line.split("=", 1) for line in lines if "=" in line)
+    named = (
+        "XDG_CACHE_HOME",
+        "VLLM_CACHE_ROOT",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "FLASHINFER_WORKSPACE_BASE",
+        "TVM_FFI_CACHE_DIR",
+        "SGLANG_CACHE_DIR",
+        "SGLANG_JIT_CACHE_DIR",
+    )
+    for name in named:
+        assert Path(folders[name]).is_relative_to(cache), f"{name}={folders.get(name)} is not under {cache}"
+    for script_name in ("study.sh", "capacity_check.sh"):
+        assert "export_caches" in (GPU_SCRIPTS / script_name).read_text(), f"{script_name} sets its caches itself"
+
+
 def test_after_a_block_the_study_file_the_caches_and_the_reset_counts_come_in(tmp_path: Path) -> None:
     """after_block.sh, on the files a block's last poll brought back (as the device tool leaves them,
     read-only): the study file and search.log into the study's folder, the caches' parts joined into
