@@ -296,8 +296,9 @@ def test_the_engine_caches_go_back_in_parts_after_a_boot_and_unpack_on_the_next_
 def test_every_engine_cache_folder_lies_under_the_folder_a_block_carries(tmp_path: Path) -> None:
     """export_caches (common.sh), as study.sh and capacity_check.sh call it: each folder an engine
     writes compiled kernels to lies under $CACHE, which caches.sh packs. SGLang's JIT kernels do not
-    follow XDG_CACHE_HOME, and without their own variables the H100 study's block 15 built them again
-    with the GPU idle (reports/gpu-h100/study-1/block15/NOTES.md, "Boots")."""
+    follow XDG_CACHE_HOME: without their own variables the H100 study's block 15 carried nothing of
+    SGLang's, and its first SGLang boot waited with the GPU idle, most likely building them again
+    (reports/gpu-h100/study-1/block15/NOTES.md, "Boots")."""
     script = f'. "{GPU_SCRIPTS / "common.sh"}" && export_caches && echo "$CACHE" && env'
     done = subprocess.run(["bash", "-c", script], env={**os.environ, "GPU_ROOT": str(tmp_path)},
                           capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
