@@ -35,12 +35,12 @@ import carry_check  # the sibling script: where the engine caches a block carrie
 # table, the latest: reports/gpu-h100/study-1/block5/NOTES.md; a trial's boot and search: the Trials
 # tables of reports/gpu-h100.md), rounded up so that the polls and finish.sh end inside the budget.
 PIECES = 22  # the bundle's pieces, one call each (.gpubundle/pieces)
-PIECE_CALL_S = 3  # one piece's call
+PIECE_CALL_S = 7  # one piece's call: about 3 s in block 15, 6.5 s in block 16 (the H100 study's NOTES)
 CALL1_AND_FINISH_S = 60  # call 1 and finish.sh together
 MESSAGE_GAP_S = 30  # held and idle while the next message is written: at most the machine's idle release
 GAPS = 1  # begin.sh's message, then the rest
 POLLS = 6
-POLL_MARGIN_S = 10  # per poll: its own start and the copy it brings back (the H100 study's block14/NOTES.md)
+POLL_MARGIN_S = 12  # per poll: its own start and the copy it brings back (up to W + 11 s in the H100 study's block 16)
 POLL_TIMEOUT_EXTRA_S = 100  # a poll's limit over its wait: block_poll.sh prints and copies after waiting
 TRIAL_S = 600  # a cold trial from boot to score: one started at T ends by the last poll
 ONE_TRIAL_S = 850  # start, setup and one cold trial (the RUNBOOK's "When failures have eaten the budget")

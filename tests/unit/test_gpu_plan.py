@@ -45,6 +45,10 @@ def test_a_longer_start_than_planned_gets_shorter_polls_that_still_leave_finish_
     # block 14 as it ran: call 1 left 1620 s, the polls held W + 7 to W + 12 s each, call 2 came 17 s later
     wait = next(w for left, w in rows if left <= 1620)
     assert 1620 - 17 - pb.PIECES * 3 - pb.POLLS * (wait + 8) >= pb.CALL1_AND_FINISH_S
+    # block 16 as it ran on W 218, read off the row the older figures gave: call 1 left 1527 s, call 2
+    # came 19 s later, the 22 pieces held 142 s, each poll W + 8 to W + 11 s, and finish.sh got 3 s
+    wait = next(w for left, w in pb.waits_after_call1(pb.plan(1618, 30)) if left <= 1527)
+    assert 1527 - 19 - 142 - pb.POLLS * (wait + 11) >= pb.CALL1_AND_FINISH_S
     printed = subprocess.run([sys.executable, str(SCRIPT), "1709", "30"], capture_output=True, text=True, check=True)
     last = printed.stdout.splitlines()[-1]
     assert last.startswith("polls' W where call 1 left less than 1679 s") and f"{rows[0][0]} W {rows[0][1]}" in last
@@ -92,12 +96,12 @@ def test_the_last_device_time_plans_one_trial_below_the_floor_and_says_it_may_be
     pb = load_gpu_script("plan_block")
     assert pb.plan(pb.LAST_TRIAL_S - 1, 30, pb.LAST_TRIAL_S) is None
     p = pb.plan(779, 30, pb.LAST_TRIAL_S)  # the H100 study's block 7
-    assert p is not None and (p.trial_deadline_s, p.poll_wait_s) == (149, 88)  # polls of 93 s then: margin 5
+    assert p is not None and (p.trial_deadline_s, p.poll_wait_s) == (149, 71)  # its polls held 93 s: W 88 then
     run = [sys.executable, str(SCRIPT), "779", "30"]
     refused = subprocess.run(run, capture_output=True, text=True, check=False)
     assert refused.returncode == 1 and refused.stdout.startswith("no block:")
     printed = subprocess.run([*run, "--last"], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert printed[0] == "B 749 s: T 149, W 88 (poll timeout 188)" and "may be cut" in printed[1]
+    assert printed[0] == "B 749 s: T 149, W 71 (poll timeout 171)" and "may be cut" in printed[1]
     above = subprocess.run([*run[:2], "900", "30", "--last"], capture_output=True, text=True, check=True)
     assert "may be cut" not in above.stdout, "above the floor --last plans a block like any other"
 

@@ -183,9 +183,10 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     scripted runs in place of the engines: both engines' defaults first (trials 0 and 6), then the best
     of both tiers (trial 8), three fresh boots each at its recorded config, each started at its own
     capacities, the stress check on the third. Blocks 12 and 14 stored the vLLM default's three repeats
-    (and the stress check; a second was withdrawn: block12/NOTES.md) and block 15 two of SGLang's
-    defaults, so the stage goes on from SGLang's third; a lease that ends after two boots leaves those
-    stored, and the next block boots only the two missing."""
+    (and the stress check; a second was withdrawn: block12/NOTES.md), blocks 15 and 16 SGLang's
+    defaults' three (and the stress check) and trial 8's first, so the stage goes on from trial 8's
+    second; a lease that ends after one boot leaves it stored, and the next block boots only the one
+    missing."""
     copy = tmp_path / "study.db"
     copy.write_bytes(H100_STUDY.read_bytes())
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
@@ -194,7 +195,7 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
              "relaxed": {"ttft_p95_ms": 600.0, "tpot_p95_ms": 200.0}}  # fmt: skip
     ctx = dataclasses.replace(ctx, capacity=CapacityPlan(tiers=tiers, scored=("interactive", "relaxed")))
     booted: list[tuple[int, int | None, bool]] = []
-    lease_ends_after: list[int | None] = [2]
+    lease_ends_after: list[int | None] = [1]
 
     def run(number: int, config: Config, ctx: TrialContext, repeat: int | None = None, stress: bool = False,
             **hint: Any) -> TrialResult:  # fmt: skip
@@ -215,15 +216,15 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     monkeypatch.setattr(finalists, "run_trial", run)
     with pytest.raises(KeyboardInterrupt):
         finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(6, 3, True), (8, 1, False)]
+    assert booted == [(8, 2, False)]
     stored = study.user_attrs["finalist_runs"]
-    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 3, "8": 1}
+    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 3, "8": 2}
     assert sorted(study.user_attrs["stress"]) == ["0", "6"]
     assert [r["repeat"] for r in stored["0"]] == [1, 2, 3] and [r["repeat"] for r in stored["6"]] == [1, 2, 3]
     lease_ends_after[0] = None
     booted.clear()
     verdict = finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(8, 2, False), (8, 3, True)]
+    assert booted == [(8, 3, True)]
     assert [f["trial"] for f in study.user_attrs["finalists"]] == [0, 6, 8]
     assert sorted(study.user_attrs["stress"]) == ["0", "6", "8"] and verdict["stress_failed"] == []
     assert set(verdict["by_metric"]) == {"capacity_interactive_req_s", "capacity_relaxed_req_s"}
