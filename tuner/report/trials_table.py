@@ -22,12 +22,12 @@ from tuner.report.capacity import (
     tier_disagreements,
     tiers,
 )
-from tuner.report.describe import engine_of, params_text
+from tuner.report.describe import engine_of, mean_interval, params_text
 from tuner.report.overrides import overrides_lines
 from tuner.study.attrs import SCREENED, is_default, study_attrs_of
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
-from tuner.study.verdict import MIN_RUNS, describe_verdict, interval, interval_text
+from tuner.study.verdict import MIN_RUNS, describe_verdict, repeat_interval
 
 COLUMNS = ("#", "state", "failure", "ttft_p95_ms", "tok/s", "repeats: tok/s mean [95% CI]", "params")
 
@@ -47,13 +47,13 @@ def repeats_cell(finalist: dict[str, Any] | None, metric: str, runs: list[dict[s
     if finalist is not None:
         stats = (finalist.get("stats") or {}).get(metric)
         counts = _counts(failed=len(finalist.get("failures") or []), withdrawn=withdrawn)
-        return ("all failed" if stats is None else f"{interval_text(stats)} n={stats['n']}") + counts
+        return ("all failed" if stats is None else f"{mean_interval(stats)} n={stats['n']}") + counts
     if not runs:
         return "-" + _counts(withdrawn=withdrawn)
     served = [r["metrics"][metric] for r in runs if r.get("failure") is None and metric in (r.get("metrics") or {})]
     figures = ", ".join(format(v, ".3g") for v in served) or "none served"
-    stats = interval(served) if len(served) >= MIN_RUNS else None
-    summary = f": {interval_text(stats)}" if stats is not None else ""
+    stats = repeat_interval(runs, metric) if len(served) >= MIN_RUNS else None
+    summary = f": {mean_interval(stats)}" if stats is not None else ""
     return f"so far {figures}{summary}" + _counts(runs=len(runs), failed=len(runs) - len(served), withdrawn=withdrawn)
 
 

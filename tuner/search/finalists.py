@@ -45,7 +45,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
 from tuner.study.objectives import objective_named
-from tuner.study.verdict import TOO_FEW_RUNS, interval, intervals_overlap
+from tuner.study.verdict import TOO_FEW_RUNS, intervals_overlap, repeat_interval
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
 # what a stress check keeps of its run; the default's are the reference for the others
@@ -158,7 +158,7 @@ def _checked(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
 
 def _summary(trial: optuna.trial.FrozenTrial, runs: list[dict[str, Any]]) -> dict[str, Any]:
     served = [r for r in runs if r["failure"] is None]
-    stats = {m: interval([r["metrics"][m] for r in served]) for m in REPORTED if served and m in served[0]["metrics"]}
+    stats = {m: repeat_interval(served, m) for m in REPORTED if served and m in served[0]["metrics"]}
     return {
         "trial": trial.number,
         "config_kind": trial_attrs(trial).get("config_kind"),

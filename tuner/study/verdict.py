@@ -48,18 +48,55 @@ def interval(samples: Sequence[float]) -> dict[str, Any]:
     return out | {"low": max(0.0, mean - half), "high": mean + half, "method": CLIPPED_T}
 
 
+def repeat_interval(runs: Sequence[Mapping[str, Any]], metric: str) -> dict[str, Any] | None:
+    """``interval`` of the served repeats' ``metric``, or None where none served it.
+
+    A capacity is a rung of the search's ladder, not a point: each repeat's capacity lies in its
+    bracket, at or above its claim and below the lowest rate above it that did not pass. Repeats on
+    the same rung have no spread, and the claims' interval shrinks to that rung, a certainty no
+    measurement gave. The true capacities exceed the claims by an unknown part of each bracket, at
+    most its width, so a capacity's interval keeps the claims' low and raises their high by the
+    brackets' mean width (a factor, on the log scale of ``interval``): it holds the mean wherever in
+    its bracket each repeat's capacity lies. A repeat stored without its search (before repeats kept
+    it), or whose search stopped before a rate above its claim failed, raises nothing. The mean stays
+    the claims'."""
+    served = [r for r in runs if r.get("failure") is None and metric in (r.get("metrics") or {})]
+    if not served:
+        return None
+    claims = [float(r["metrics"][metric]) for r in served]
+    out = interval(claims)
+    tops = [max(claim, _bracket_top(r, metric) or claim) for r, claim in zip(served, claims, strict=True)]
+    if out["high"] is None or tops == claims:  # too few runs, or not a capacity, or no bracket kept
+        return out
+    if out["method"] == LOG_T:
+        reach = math.exp(statistics.fmean(math.log(top / claim) for top, claim in zip(tops, claims, strict=True)))
+        high = out["high"] * reach
+    else:
+        high = out["high"] + statistics.fmean(top - claim for top, claim in zip(tops, claims, strict=True))
+    return out | {"high": high, "method": f"{out['method']}, raised by the brackets' mean width"}
+
+
+def _bracket_top(run: Mapping[str, Any], metric: str) -> float | None:
+    """The top of the bracket a repeat's capacity ``metric`` was claimed in (``capacity_req_s`` is the
+    objective tier's), or None for any other metric and for a repeat that kept no search."""
+    capacity = run.get("capacity")
+    if not metric.startswith("capacity_") or not isinstance(capacity, Mapping):
+        return None
+    tier = capacity.get("objective_tier") if metric == "capacity_req_s" else metric[len("capacity_") : -len("_req_s")]
+    bracket = ((capacity.get("tiers") or {}).get(tier) or {}).get("bracket_req_s")
+    top = bracket[1] if isinstance(bracket, list | tuple) and len(bracket) == 2 else None
+    return float(top) if isinstance(top, int | float) else None  # None too where no rate above failed
+
+
 def intervals_overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two 95 % intervals (``low`` and ``high``) share any value: the repeats then cannot
-    tell the two apart, whichever mean is higher."""
-    return bool(a["low"] <= b["high"] and b["low"] <= a["high"])
+    tell the two apart, whichever mean is higher. Bounds equal but for rounding touch: a capacity
+    interval raised to a rung (``repeat_interval``) meets the next finalist's claims there."""
+    return bool(_at_most(a["low"], b["high"]) and _at_most(b["low"], a["high"]))
 
 
-def interval_text(stats: Mapping[str, Any], fmt: str = ".1f") -> str:
-    """A finalist's ``mean [low, high]`` over its repeats, or its mean and why there is no interval."""
-    mean = format(stats["mean"], fmt)
-    if stats.get("low") is None or stats.get("high") is None:
-        return f"{mean} ({TOO_FEW_RUNS})"
-    return f"{mean} [{format(stats['low'], fmt)}, {format(stats['high'], fmt)}]"
+def _at_most(x: float, y: float) -> bool:
+    return x <= y or math.isclose(x, y, rel_tol=1e-9)
 
 
 def describe_verdict(verdict: dict[str, Any]) -> str:

@@ -375,9 +375,9 @@ def test_the_pages_finalists_section_shows_the_repeats_under_way_not_that_none_r
     _, ours = _page(study, tmp_path)
     section = _section(ours, "best-vs-default")
     assert "no verdict yet: the finalists&#x27; repeats are under way (7 stored, 1 withdrawn)" in section
-    row = "<td>trial 0 (vllm defaults)</td><td>so far 6.65, 6.34, 6.98: 6.7 [5.9, 7.5] (3 runs, 1 withdrawn)</td>"
+    row = "<td>trial 0 (vllm defaults)</td><td>so far 6.65, 6.34, 6.98: 6.66 [5.91, 7.83] (3 runs, 1 withdrawn)</td>"
     assert row in section
-    sglang = "<td>trial 6 (sglang defaults)</td><td>so far 6.65, 6.98, 6.98: 6.9 [6.4, 7.4] (3 runs)</td>"
+    sglang = "<td>trial 6 (sglang defaults)</td><td>so far 6.65, 6.98, 6.98: 6.87 [6.41, 7.91] (3 runs)</td>"
     assert sglang in section
     assert "<td>so far 6.05 (1 run)</td><td>so far 7.25 (1 run)</td>" in section, "trial 8's first repeat"
     assert "no finalist repeats" not in section
@@ -394,10 +394,10 @@ def test_summary_holds_the_finalists_repeats_so_far_and_then_their_intervals_and
     h100 = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{H100_STUDY}")
     assert finalists_md(h100)[3:] == [
         "| trial | config | capacity_interactive_req_s | capacity_relaxed_req_s |", "|---|---|---|---|",
-        "| 0 | vllm defaults | so far 6.65, 6.34, 6.98: 6.7 [5.9, 7.5] (3 runs, 1 withdrawn) "
-        "| so far 6.92, 7.25, 6.92: 7.0 [6.6, 7.5] (3 runs, 1 withdrawn) |",
-        "| 6 | sglang defaults | so far 6.65, 6.98, 6.98: 6.9 [6.4, 7.4] (3 runs) "
-        "| so far 6.65, 6.65, 6.65: 6.7 [6.7, 6.7] (3 runs) |",
+        "| 0 | vllm defaults | so far 6.65, 6.34, 6.98: 6.66 [5.91, 7.83] (3 runs, 1 withdrawn) "
+        "| so far 6.92, 7.25, 6.92: 7.03 [6.56, 7.77] (3 runs, 1 withdrawn) |",
+        "| 6 | sglang defaults | so far 6.65, 6.98, 6.98: 6.87 [6.41, 7.91] (3 runs) "
+        "| so far 6.65, 6.65, 6.65: 6.65 [6.65, 6.98] (3 runs) |",
         "| 8 | sglang tuned | so far 6.05 (1 run) | so far 7.25 (1 run) |",
     ]  # fmt: skip
     empty = optuna.create_study(study_name="none", storage=f"sqlite:///{tmp_path / 'none.db'}")

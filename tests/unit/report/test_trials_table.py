@@ -20,7 +20,7 @@ def test_a_capacity_study_lists_each_trials_capacity_per_tier_and_the_slo(capaci
     assert "ttft_p95_ms" not in head
     assert _row(table, 2)[:5] == ["2*", "COMPLETE", "-", "4", "6"]  # the best capacity: the feasible front
     assert _row(table, 2)[5] == "480", "output tokens/s per GPU at the interactive capacity"
-    assert _row(table, 2)[6:8] == ["4.1", "[3.9,"], "the finalist's repeats on capacity"
+    assert _row(table, 2)[6:8] == ["4.1", "[3.89,"], "the finalist's repeats on capacity"
     assert "tok/s/GPU" in head and "$/M tok" not in head and "(--gpu-price to price them)" in table
     priced = trials_table(capacity_study, gpu_price=2.0)  # $2/GPU-hour at 480 tok/s: $1.16 per million tokens
     assert "$/M tok" in priced.splitlines()[0] and _row(priced, 2)[5:7] == ["480", "1.16"]
@@ -110,13 +110,13 @@ def test_the_finalists_repeats_so_far_and_a_withdrawn_one_show_while_the_stage_s
     (reports/gpu-h100/study-1/block16/NOTES.md)."""
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
     table = trials_table(study)
-    cell = "so far 6.65, 6.34, 6.98: 6.7 [5.9, 7.5] (3 runs, 1 withdrawn)"
+    cell = "so far 6.65, 6.34, 6.98: 6.66 [5.91, 7.83] (3 runs, 1 withdrawn)"
     assert cell in " ".join(_row(table, 0)), "the interactive capacities, and their interval: trial 0 is done"
     two = [{"repeat": n, "failure": None, "metrics": {"m": v}} for n, v in ((1, 6.65), (2, 6.34))]
     assert repeats_cell(None, "m", two, 0) == "so far 6.65, 6.34 (2 runs)", "two runs give no interval"
     failed = [*two, {"repeat": 3, "failure": "oom", "metrics": {}}]
     assert repeats_cell(None, "m", failed, 0) == "so far 6.65, 6.34 (3 runs, 1 failed)", "nor two served of three"
-    assert "so far 6.65, 6.98, 6.98: 6.9 [6.4, 7.4] (3 runs)" in " ".join(_row(table, 6)), "SGLang's defaults: done"
+    assert "so far 6.65, 6.98, 6.98: 6.87 [6.41, 7.91] (3 runs)" in " ".join(_row(table, 6)), "SGLang's defaults: done"
     assert "so far 6.05 (1 run)" in " ".join(_row(table, 8)), "trial 8: one repeat, no interval"
     withdrawn = [line for line in table.splitlines() if line.startswith("trial 0: repeat 2 withdrawn (")]
     assert len(withdrawn) == 1 and "max_steps at 5.33" in withdrawn[0]

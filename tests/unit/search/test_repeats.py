@@ -10,12 +10,13 @@ import pytest
 
 from tests.storage.test_storage import _result
 from tuner.deploy.provenance import _repeat_lines
+from tuner.report.describe import mean_interval
 from tuner.report.trials_table import trials_table
 from tuner.search.finalists import judge, pick_finalists
 from tuner.search.objective import record
 from tuner.search.scoring import DIRECTIONS
 from tuner.study.attrs import enqueue_defaults
-from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict, interval, interval_text
+from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict, interval, repeat_interval
 
 
 def test_interval_is_the_student_t_interval_on_the_log_scale() -> None:
@@ -45,13 +46,69 @@ def test_fewer_than_three_runs_give_no_interval_but_say_so(runs: list[float]) ->
     out = interval(runs)
     assert out["low"] is None and out["high"] is None and out["method"] == TOO_FEW_RUNS
     assert out["n"] == len(runs) and out["mean"] == pytest.approx(statistics.fmean(runs))
-    assert interval_text(out) == f"{out['mean']:.1f} (too few runs for an interval)"
+    assert mean_interval(out) == f"{out['mean']:.3g} (too few runs for an interval)"
 
 
 def _finalist(trial: int, mean: float, half: float, failures: list[str] | None = None, n: int = 3) -> dict[str, object]:
     low, high = (mean - half, mean + half) if n >= 3 else (None, None)
     stats = {"output_throughput_tok_s": {"n": n, "mean": mean, "low": low, "high": high, "cv": 0.1}}
     return {"trial": trial, "config_kind": "sampled", "failures": failures or [], "stats": stats}
+
+
+def _repeat(claims: dict[str, float], tops: dict[str, float | None], objective_tier: str = "interactive") -> dict:
+    """A stored capacity repeat (``tuner.search.finalists._stored``) with each tier's bracket."""
+    tiers = {t: {"capacity_req_s": c, "bracket_req_s": [c, tops[t]]} for t, c in claims.items()}
+    metrics = {f"capacity_{t}_req_s": c for t, c in claims.items()} | {"capacity_req_s": claims[objective_tier]}
+    return {"failure": None, "metrics": metrics, "capacity": {"objective_tier": objective_tier, "tiers": tiers}}
+
+
+def test_repeats_on_one_rung_give_the_rung_not_a_point() -> None:
+    """SGLang's defaults on the H100 read 6.65 [6.65, 6.98) three times under the relaxed tier
+    (reports/gpu-h100/study-1/block16/NOTES.md): the claims have no spread, but the capacity of each
+    run lies anywhere in its bracket, so the interval reaches the bracket's top."""
+    same = [_repeat({"relaxed": 6.65}, {"relaxed": 6.98}, "relaxed")] * 3
+    assert interval([6.65] * 3)["high"] == pytest.approx(6.65), "the claims alone: a point"
+    out = repeat_interval(same, "capacity_relaxed_req_s")
+    assert out is not None and (out["mean"], out["low"], out["high"]) == pytest.approx((6.65, 6.65, 6.98))
+    assert repeat_interval(same, "capacity_req_s") == out, "capacity_req_s is the objective tier's"
+    assert mean_interval(out) == "6.65 [6.65, 6.98]", "three figures, as the runs are shown"
+
+
+def test_a_capacity_interval_keeps_its_low_and_rises_by_the_brackets_mean_width() -> None:
+    claims, tops = (6.65, 6.34, 6.98), (6.98, 6.65, 7.61)
+    runs = [_repeat({"interactive": c}, {"interactive": t}) for c, t in zip(claims, tops, strict=True)]
+    plain = interval(list(claims))
+    out = repeat_interval(runs, "capacity_interactive_req_s")
+    reach = math.exp(statistics.fmean(math.log(t / c) for c, t in zip(claims, tops, strict=True)))
+    assert out is not None and out["mean"] == plain["mean"] and out["low"] == plain["low"]
+    assert out["high"] == pytest.approx(plain["high"] * reach) and "brackets" in out["method"]
+    zero = [_repeat({"interactive": c}, {"interactive": t}) for c, t in ((0.0, 4.76), (5.0, 5.5), (5.0, 5.5))]
+    clipped = repeat_interval(zero, "capacity_interactive_req_s")  # a pruned repeat: no log, widths add
+    assert clipped is not None and clipped["high"] == pytest.approx(interval([0.0, 5.0, 5.0])["high"] + 1.92)
+    untold = [{**r, "capacity": None} for r in runs[:2]] + [_repeat({"interactive": 6.98}, {"interactive": None})]
+    assert repeat_interval(untold, "capacity_interactive_req_s") == plain, "no bracket kept or no top: no rise"
+    other = [{**r, "metrics": {**r["metrics"], "ttft_p95_ms": 250.0 + i}} for i, r in enumerate(runs)]
+    assert repeat_interval(other, "ttft_p95_ms") == interval([250.0, 251.0, 252.0]), "only capacities rise"
+    assert repeat_interval([{**r, "failure": "oom"} for r in runs], "capacity_interactive_req_s") is None
+
+
+def test_a_winner_needs_its_interval_above_the_runner_ups_brackets() -> None:
+    """Two finalists each on one rung, a rung apart: the claims alone give two points and a winner.
+    A bracket's top is the lowest rate above the claim that did not pass, undecided ones included, so
+    the runner-up's capacity may reach the winner's rung: a tie."""
+    from tuner.search.finalists import _summary
+
+    def summary(number: int, claim: float, top: float) -> dict:
+        trial = optuna.trial.create_trial(value=claim, user_attrs={"config_kind": "sampled"})
+        trial.number = number
+        run = _repeat({"interactive": claim}, {"interactive": top})
+        return _summary(trial, [{**run, "ttft_samples_ms": [100.0]}] * 3)
+
+    finalists = [summary(1, 6.98, 7.32), summary(2, 6.65, 6.98)]
+    assert judge(finalists, "capacity_interactive_req_s") == {
+        "kind": "tie", "metric": "capacity_interactive_req_s", "trials": [1, 2]}  # fmt: skip
+    apart = [summary(1, 7.61, 7.99), summary(2, 6.65, 6.98)]
+    assert judge(apart, "capacity_interactive_req_s")["kind"] == "winner", "two rungs apart: a winner"
 
 
 def test_a_winner_only_when_the_intervals_separate() -> None:
@@ -80,7 +137,7 @@ def test_too_few_runs_read_as_such_in_the_trials_table_and_the_launch_files() ->
     study.add_trial(optuna.trial.create_trial(values=[100.0, 51.0], user_attrs={"config_kind": "sampled"}))
     study.set_user_attr("finalists", [{"trial": 0, "config_kind": "sampled", "failures": [],
                                        "stats": {"output_throughput_tok_s": short}}])  # fmt: skip
-    assert "51.0 (too few runs for an interval) n=2" in trials_table(study)
+    assert "51 (too few runs for an interval) n=2" in trials_table(study)
     lines = _repeat_lines({"repeats": {"stats": {"output_throughput_tok_s": short}}})
     assert lines == ["# repeats output_throughput_tok_s: mean 51.0, too few runs for an interval, n=2"]
 
