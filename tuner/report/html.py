@@ -45,7 +45,7 @@ from tuner.report.engines import engines_md, engines_section
 from tuner.report.overrides import overrides_md, overrides_section
 from tuner.report.plots import Point, Series, cdf, plotly_script, scatter
 from tuner.report.trial_costs import costs_md, costs_section
-from tuner.report.trials_table import repeats_cell, study_price
+from tuner.report.trials_table import repeats_cell, reread_lines, study_price
 from tuner.report.verified import verified_md, verified_section
 from tuner.report.winner import launch_choice, no_verdict_yet
 from tuner.study.attrs import (
@@ -185,8 +185,11 @@ def best_vs_default_section(study: optuna.Study, price: float | None = None) -> 
         rows.append(f"<tr><td>trial {f.get('trial')} ({kind})</td>{cells}</tr>")
     verdict = study_attrs_of(study).get("verdict")
     text = html.escape(describe_verdict(verdict)) if verdict else "no verdict was stored"
+    again = reread_lines(study)  # where the stored verdict was judged on older intervals: this version's
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in again[1:])
+    after = f"<p>{html.escape(again[0])}</p><ul>{items}</ul>" if again else ""
     table = f"<table><tr><th>config</th>{head}</tr>{''.join(rows)}</table>"
-    return _best_vs_default(table, text)
+    return _best_vs_default(table, text, after)
 
 
 def _repeats_under_way(study: optuna.Study) -> str:
@@ -200,9 +203,9 @@ def _repeats_under_way(study: optuna.Study) -> str:
     return _best_vs_default(table, html.escape(no_verdict_yet(study_attrs_of(study))))
 
 
-def _best_vs_default(table: str, text: str) -> str:
+def _best_vs_default(table: str, text: str, after: str = "") -> str:
     return (f'<section id="best-vs-default"><h2>Winner against the engine default</h2>'
-            f"<p>mean [95 % interval] over fresh-boot repeats</p>{table}<p>{text}</p></section>")  # fmt: skip
+            f"<p>mean [95 % interval] over fresh-boot repeats</p>{table}<p>{text}</p>{after}</section>")  # fmt: skip
 
 
 def finalist_rows(study: optuna.Study) -> tuple[list[str], list[tuple[int, str, list[str]]]]:
@@ -238,7 +241,8 @@ def finalists_md(study: optuna.Study) -> list[str]:
     verdict = study_attrs_of(study).get("verdict")
     if isinstance(verdict, dict):
         lines += [""] + [f"- {m}: {describe_verdict(v)}" for m, v in verdicts_by_metric(verdict).items()]
-    return lines
+    again = reread_lines(study)
+    return lines + (["", again[0], ""] + [f"- {line}" for line in again[1:]] if again else [])
 
 
 def failure_map_section(study: optuna.Study, ranked: list[str]) -> str:

@@ -27,7 +27,7 @@ from tuner.report.overrides import overrides_lines
 from tuner.study.attrs import SCREENED, is_default, study_attrs_of
 from tuner.study.cost import PRICE_ATTR, tok_s_per_gpu, usd_per_million_tokens
 from tuner.study.feasible import feasible_pareto
-from tuner.study.verdict import MIN_RUNS, describe_verdict, repeat_interval
+from tuner.study.verdict import MIN_RUNS, describe_verdict, repeat_interval, reread, verdicts_by_metric
 
 COLUMNS = ("#", "state", "failure", "ttft_p95_ms", "tok/s", "repeats: tok/s mean [95% CI]", "params")
 
@@ -55,6 +55,22 @@ def repeats_cell(finalist: dict[str, Any] | None, metric: str, runs: list[dict[s
     stats = repeat_interval(runs, metric) if len(served) >= MIN_RUNS else None
     summary = f": {mean_interval(stats)}" if stats is not None else ""
     return f"so far {figures}{summary}" + _counts(runs=len(runs), failed=len(runs) - len(served), withdrawn=withdrawn)
+
+
+def reread_lines(study: optuna.Study) -> list[str]:
+    """Where the finalists' stored intervals are not what this version makes of their stored repeats
+    (``tuner.study.verdict.reread``: they ran at an older tag), a heading, each finalist's intervals
+    read again, and the verdict on them; else nothing. The stored verdict stays what the study says."""
+    again = reread(study_attrs_of(study))
+    if again is None:
+        return []
+    lines = ["Read again from the stored repeats with this version's intervals (a capacity's reaches up "
+             "by its repeats' brackets: docs/search.md):"]  # fmt: skip
+    for f in again["finalists"]:
+        stats = f.get("stats") or {}
+        lines.append(f"trial {f['trial']}: " + ", ".join(f"{m} {mean_interval(s)}" for m, s in stats.items()))
+    lines += [f"{m}: {describe_verdict(v)}" for m, v in verdicts_by_metric(again["verdict"]).items()]
+    return lines
 
 
 def _counts(runs: int = 0, failed: int = 0, withdrawn: int = 0) -> str:
@@ -189,4 +205,5 @@ def trials_table(study: optuna.Study, gpu_price: float | None = None) -> str:
               for n, runs in withdrawn.items() for r in runs]  # fmt: skip
     if (verdict := attrs.get("verdict")) is not None:
         lines.append(describe_verdict(verdict))
+        lines += reread_lines(study)
     return "\n".join(lines)

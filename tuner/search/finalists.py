@@ -45,7 +45,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
 from tuner.study.objectives import objective_named
-from tuner.study.verdict import TOO_FEW_RUNS, intervals_overlap, repeat_interval
+from tuner.study.verdict import repeat_interval, verdict_of
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
 # what a stress check keeps of its run; the default's are the reference for the others
@@ -75,13 +75,7 @@ def run_finalists(
             _runs(study, trial, 0, ctx, enforce_eager, True)
     if n > 0:
         study.set_user_attr("finalists", finalists)
-    failed = stress_failures(study)
-    judged = [f for f in finalists if f["trial"] not in failed]
-    keys = deciders(study)
-    verdict = judge(judged, keys[0])
-    if len(keys) > 1:
-        verdict["by_metric"] = {key: judge(judged, key) for key in keys}
-    verdict["stress_failed"] = sorted(failed)
+    verdict = verdict_of(finalists, deciders(study), stress_failures(study))
     study.set_user_attr("verdict", verdict)
     return verdict
 
@@ -286,22 +280,3 @@ def config_of(trial: optuna.trial.FrozenTrial, enforce_eager: bool) -> Config:
     attrs = trial.user_attrs
     is_default = attrs.get("config_kind") == DEFAULT_KIND
     return Config(attrs["engine"], dict(attrs.get("config", {})), enforce_eager, is_default)
-
-
-def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """The winner when its interval separates from the runner-up's; a tie otherwise."""
-    ranked = sorted(
-        (f for f in finalists if not f["failures"] and key in f["stats"]),
-        key=lambda f: -f["stats"][key]["mean"],
-    )
-    if not ranked:
-        return {"kind": "none", "metric": key, "trials": []}
-    if len(ranked) == 1:
-        return {"kind": "sole", "metric": key, "trials": [ranked[0]["trial"]]}
-    best, runner_up = ranked[0]["stats"][key], ranked[1]["stats"][key]
-    if best.get("low") is None or runner_up.get("low") is None:  # too few runs: no interval to separate
-        return {"kind": "tie", "metric": key, "trials": [ranked[0]["trial"], ranked[1]["trial"]],
-                "reason": TOO_FEW_RUNS}  # fmt: skip
-    separated = not intervals_overlap(best, runner_up)
-    return {"kind": "winner" if separated else "tie", "metric": key,
-            "trials": [ranked[0]["trial"]] if separated else [ranked[0]["trial"], ranked[1]["trial"]]}  # fmt: skip

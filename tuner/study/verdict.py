@@ -1,12 +1,13 @@
-"""The 95 % interval of repeated runs' figures, the finalists' verdict read from those intervals as
-stored on the study, and how it reads in one line. The report reads a finalist's repeats here while
-its stage still runs, as the search does when it ends (``tuner.search.finalists``)."""
+"""The 95 % interval of repeated runs' figures, the finalists' verdict judged on those intervals (as
+the search stores it, and read again from a study's stored repeats), and how it reads in one line.
+The report reads a finalist's repeats here while its stage still runs, as the search does when it
+ends (``tuner.search.finalists``)."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # What stands for a 95 % interval over repeats too few to give one (``interval``).
@@ -97,6 +98,68 @@ def intervals_overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 def _at_most(x: float, y: float) -> bool:
     return x <= y or math.isclose(x, y, rel_tol=1e-9)
+
+
+def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The winner when its interval separates from the runner-up's; a tie otherwise."""
+    ranked = sorted(
+        (f for f in finalists if not f["failures"] and key in f["stats"]),
+        key=lambda f: -f["stats"][key]["mean"],
+    )
+    if not ranked:
+        return {"kind": "none", "metric": key, "trials": []}
+    if len(ranked) == 1:
+        return {"kind": "sole", "metric": key, "trials": [ranked[0]["trial"]]}
+    best, runner_up = ranked[0]["stats"][key], ranked[1]["stats"][key]
+    if best.get("low") is None or runner_up.get("low") is None:  # too few runs: no interval to separate
+        return {"kind": "tie", "metric": key, "trials": [ranked[0]["trial"], ranked[1]["trial"]],
+                "reason": TOO_FEW_RUNS}  # fmt: skip
+    separated = not intervals_overlap(best, runner_up)
+    return {"kind": "winner" if separated else "tie", "metric": key,
+            "trials": [ranked[0]["trial"]] if separated else [ranked[0]["trial"], ranked[1]["trial"]]}  # fmt: skip
+
+
+def verdict_of(
+    finalists: Sequence[dict[str, Any]], keys: Sequence[str], stress_failed: Iterable[int]
+) -> dict[str, Any]:
+    """The finalists' verdict as the study stores it: on the first deciding metric, and on each where
+    there are several (``by_metric``, a capacity-pareto study's tiers); a finalist that failed its
+    stress check is not judged."""
+    failed = sorted(set(stress_failed))
+    judged = [f for f in finalists if f["trial"] not in failed]
+    verdict = judge(judged, keys[0])
+    if len(keys) > 1:
+        verdict["by_metric"] = {key: judge(judged, key) for key in keys}
+    return verdict | {"stress_failed": failed}
+
+
+def reread(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The stored finalists and verdict read again from their stored repeats with this version's
+    intervals (``repeat_interval``), where that changes a finalist's interval: ``{"finalists",
+    "verdict"}``, else None. A study whose finalists ran at an older tag (a GPU study runs at its tag
+    across leases) stored intervals of the claims alone, and its verdict was judged on them."""
+    stored, verdict = attrs.get("finalists"), attrs.get("verdict")
+    runs = attrs.get("finalist_runs") or {}
+    if not isinstance(stored, list) or not isinstance(verdict, dict) or not runs:
+        return None
+    again = []
+    for f in stored:
+        served = [r for r in runs.get(str(f["trial"])) or [] if r.get("failure") is None]
+        stats = {m: new for m in f.get("stats") or {} if (new := repeat_interval(served, m)) is not None}
+        again.append({**f, "stats": stats} if served else f)
+    if all(_same(f.get("stats") or {}, a.get("stats") or {}) for f, a in zip(stored, again, strict=True)):
+        return None
+    keys = list(verdicts_by_metric(verdict))
+    return {"finalists": again, "verdict": verdict_of(again, keys, verdict.get("stress_failed") or [])}
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two finalists' stats hold the same intervals (bounds equal but for rounding)."""
+
+    def bound(x: Any, y: Any) -> bool:
+        return x is None and y is None or x is not None and y is not None and math.isclose(x, y, rel_tol=1e-9)
+
+    return a.keys() == b.keys() and all(bound(a[m].get(k), b[m].get(k)) for m in a for k in ("low", "high"))
 
 
 def describe_verdict(verdict: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import statistics
 
@@ -12,11 +13,11 @@ from tests.storage.test_storage import _result
 from tuner.deploy.provenance import _repeat_lines
 from tuner.report.describe import mean_interval
 from tuner.report.trials_table import trials_table
-from tuner.search.finalists import judge, pick_finalists
+from tuner.search.finalists import pick_finalists
 from tuner.search.objective import record
 from tuner.search.scoring import DIRECTIONS
 from tuner.study.attrs import enqueue_defaults
-from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict, interval, repeat_interval
+from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict, interval, judge, repeat_interval, reread
 
 
 def test_interval_is_the_student_t_interval_on_the_log_scale() -> None:
@@ -109,6 +110,50 @@ def test_a_winner_needs_its_interval_above_the_runner_ups_brackets() -> None:
         "kind": "tie", "metric": "capacity_interactive_req_s", "trials": [1, 2]}  # fmt: skip
     apart = [summary(1, 7.61, 7.99), summary(2, 6.65, 6.98)]
     assert judge(apart, "capacity_interactive_req_s")["kind"] == "winner", "two rungs apart: a winner"
+
+
+def test_a_verdict_stored_on_the_claims_alone_is_read_again_beside_it() -> None:
+    """A GPU study's finalists run at its tag, whose intervals were the claims' alone: the report keeps
+    the stored verdict and reads the stored repeats again with this version's intervals, where they
+    differ; a study whose finalists ran on this version has nothing to read again."""
+    from tuner.report.html import best_vs_default_section, finalists_md
+    from tuner.report.trials_table import reread_lines
+    from tuner.search.finalists import _summary
+    from tuner.study.verdict import verdict_of
+
+    key = "capacity_interactive_req_s"
+    runs = {"1": [_repeat({"interactive": 6.98}, {"interactive": 7.32})] * 3,
+            "2": [_repeat({"interactive": 6.65}, {"interactive": 6.98})] * 3}  # fmt: skip
+    for stored in runs.values():
+        for r in stored:
+            r.update(ttft_samples_ms=[100.0])
+    claims_only = [{"trial": int(n), "config_kind": "sampled", "failures": [],
+                    "stats": {key: interval([r["metrics"][key] for r in rs])}} for n, rs in runs.items()]  # fmt: skip
+    old = verdict_of(claims_only, [key], [])
+    assert old["kind"] == "winner" and old["trials"] == [1], "two points a rung apart: a winner on the claims"
+    study = optuna.create_study()
+    for name, value in (("finalist_runs", runs), ("finalists", claims_only), ("verdict", old)):
+        study.set_user_attr(name, value)
+    again = reread(study.user_attrs)
+    assert again is not None and again["verdict"] | {"stress_failed": []} == {
+        "kind": "tie", "metric": key, "trials": [1, 2], "stress_failed": []}  # fmt: skip
+    assert [f["stats"][key]["high"] for f in again["finalists"]] == pytest.approx([7.32, 6.98])
+    lines = reread_lines(study)
+    tie = f"{key}: verdict: tie on {key} between trials 1, 2 (their 95 % intervals overlap)"
+    assert lines[1:] == [f"trial 1: {key} 6.98 [6.98, 7.32]", f"trial 2: {key} 6.65 [6.65, 6.98]", tie]
+    assert f"- {key}: verdict: trial 1 wins on {key}" in "\n".join(finalists_md(study)), "the stored verdict stays"
+    assert lines[0] in finalists_md(study) and f"- {lines[-1]}" in finalists_md(study)
+    assert f"{lines[0]}\n{lines[1]}" in trials_table(study), "tuner trials reads them again too"
+    section = best_vs_default_section(study)
+    assert "trial 1 wins" in section and section.endswith(f"<li>{html.escape(tie)}</li></ul></section>")
+    trials = {}
+    for n, rs in runs.items():
+        trial = optuna.trial.create_trial(value=0.0, user_attrs={"config_kind": "sampled"})
+        trial.number = int(n)
+        trials[n] = _summary(trial, rs)
+    study.set_user_attr("finalists", list(trials.values()))
+    study.set_user_attr("verdict", verdict_of(list(trials.values()), [key], []))
+    assert reread(study.user_attrs) is None and reread_lines(study) == [], "judged on this version: the same"
 
 
 def test_a_winner_only_when_the_intervals_separate() -> None:
