@@ -38,6 +38,7 @@ from tuner.search.options import SearchOptions
 from tuner.search.resolve import capacity_plan, resolve_workload
 from tuner.study.attrs import study_attrs_of, trial_attrs
 from tuner.study.feasible import feasible_trials
+from tuner.study.verdict import verdicts_by_metric
 from tuner.workloads import source
 from tuner.workloads.base import Request
 
@@ -201,10 +202,8 @@ def tier_winners(study: optuna.Study, tiers: Sequence[str]) -> dict[str, int]:
 def _verdict_top(study: optuna.Study, tier: str, single: bool) -> int | None:
     """The first trial of the finalists' verdict on ``tier`` (``tuner.search.finalists``: by metric in a
     two-tier study; a one-tier study's verdict is on ``capacity_req_s``), or None without one."""
-    verdict = study_attrs_of(study).get("verdict") or {}
-    judged = (verdict.get("by_metric") or {}).get(f"capacity_{tier}_req_s")
-    if judged is None and single and verdict.get("metric") in ("capacity_req_s", f"capacity_{tier}_req_s"):
-        judged = verdict
+    by_metric = verdicts_by_metric(study_attrs_of(study).get("verdict") or {})
+    judged = by_metric.get(f"capacity_{tier}_req_s") or (by_metric.get("capacity_req_s") if single else None)
     trials = (judged or {}).get("trials") or []
     return int(trials[0]) if trials else None
 
