@@ -66,11 +66,12 @@ def reread_lines(study: optuna.Study) -> list[str]:
         return []
     lines = ["Read again from the stored repeats with this version's intervals (a capacity's reaches up "
              "by its repeats' brackets: docs/search.md):"]  # fmt: skip
+    judged = verdicts_by_metric(again["verdict"])  # the metrics the verdict reads, not every one kept
     for f in again["finalists"]:
         stats = f.get("stats") or {}
-        lines.append(f"trial {f['trial']}: " + ", ".join(f"{m} {mean_interval(s)}" for m, s in stats.items()))
-    lines += [f"{m}: {describe_verdict(v)}" for m, v in verdicts_by_metric(again["verdict"]).items()]
-    return lines
+        shown = ", ".join(f"{m} {mean_interval(stats[m])}" for m in judged if m in stats)
+        lines.append(f"trial {f['trial']}: {shown or 'none served'}")
+    return lines + [f"{m}: {describe_verdict(v)}" for m, v in judged.items()]
 
 
 def _counts(runs: int = 0, failed: int = 0, withdrawn: int = 0) -> str:
