@@ -97,7 +97,12 @@ def intervals_overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def _at_most(x: float, y: float) -> bool:
-    return x <= y or math.isclose(x, y, rel_tol=1e-9)
+    return x <= y or _close(x, y)
+
+
+def _close(x: float, y: float) -> bool:
+    """Two bounds equal but for rounding (a raised bound is a product of exp and log)."""
+    return math.isclose(x, y, rel_tol=1e-9)
 
 
 def judge(finalists: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -157,7 +162,7 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two finalists' stats hold the same intervals (bounds equal but for rounding)."""
 
     def bound(x: Any, y: Any) -> bool:
-        return x is None and y is None or x is not None and y is not None and math.isclose(x, y, rel_tol=1e-9)
+        return x is None and y is None or x is not None and y is not None and _close(x, y)
 
     return a.keys() == b.keys() and all(bound(a[m].get(k), b[m].get(k)) for m in a for k in ("low", "high"))
 
