@@ -45,7 +45,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.feasible import feasible_pareto, feasible_trials, stress_failures
 from tuner.study.objectives import objective_named
-from tuner.study.verdict import repeat_interval, verdict_of
+from tuner.study.verdict import repeat_stats, verdict_of
 
 STRESS_ONLY = 0  # the repeat number (log file suffix) of a boot that only runs the stress check
 # what a stress check keeps of its run; the default's are the reference for the others
@@ -152,12 +152,11 @@ def _checked(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
 
 def _summary(trial: optuna.trial.FrozenTrial, runs: list[dict[str, Any]]) -> dict[str, Any]:
     served = [r for r in runs if r["failure"] is None]
-    stats = {m: repeat_interval(served, m) for m in REPORTED if served and m in served[0]["metrics"]}
     return {
         "trial": trial.number,
         "config_kind": trial_attrs(trial).get("config_kind"),
         "failures": [r["failure"] for r in runs if r["failure"] is not None],
-        "stats": stats,
+        "stats": repeat_stats(runs, REPORTED),
         "ttft_samples_ms": sorted(x for r in served for x in r["ttft_samples_ms"]),
     }
 

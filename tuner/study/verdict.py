@@ -77,6 +77,12 @@ def repeat_interval(runs: Sequence[Mapping[str, Any]], metric: str) -> dict[str,
     return out | {"high": high, "method": f"{out['method']}, raised by the brackets' mean width"}
 
 
+def repeat_stats(runs: Sequence[Mapping[str, Any]], metrics: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Each of ``metrics``' interval over the served repeats (``repeat_interval``), where any served it:
+    a finalist's stats, as the search stores them when its stage ends and as ``reread`` reads them again."""
+    return {m: stats for m in metrics if (stats := repeat_interval(runs, m)) is not None}
+
+
 def _bracket_top(run: Mapping[str, Any], metric: str) -> float | None:
     """The top of the bracket a repeat's capacity ``metric`` was claimed in (``capacity_req_s`` is the
     objective tier's), or None for any other metric and for a repeat that kept no search."""
@@ -149,9 +155,9 @@ def reread(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     again = []
     for f in stored:
-        served = [r for r in runs.get(str(f["trial"])) or [] if r.get("failure") is None]
-        stats = {m: new for m in f.get("stats") or {} if (new := repeat_interval(served, m)) is not None}
-        again.append({**f, "stats": stats} if served else f)
+        own = runs.get(str(f["trial"])) or []
+        served = any(r.get("failure") is None for r in own)
+        again.append({**f, "stats": repeat_stats(own, f.get("stats") or {})} if served else f)
     if all(_same(f.get("stats") or {}, a.get("stats") or {}) for f, a in zip(stored, again, strict=True)):
         return None
     keys = list(verdicts_by_metric(verdict))
