@@ -612,8 +612,11 @@ class CapacitySearch:
 
     def record(self, step: Step, measured: bool = True) -> None:
         """Add a step; ``measured=False`` for a rate another tier's search already served, which
-        cost nothing and so does not count against ``max_steps``."""
-        if self.confirming and not self._upheld(step):
+        cost nothing and so does not count against ``max_steps``. A step served whole that refutes a
+        look's early pass at its rate (this search's confirmation, or another tier's read here after
+        the early step) shows that the looks flatter this server."""
+        early_pass = any(s.passed and not s.held and s.rate_req_s == step.rate_req_s for s in self.steps)
+        if (self.confirming or step.held and early_pass) and not self._upheld(step):
             self.misled = True
         self.steps.append(step)
         self.measured += measured and not self.confirming

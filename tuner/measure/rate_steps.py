@@ -489,7 +489,7 @@ def search_capacity(
     judged so far (``interrupted``; the step being served is lost) instead of raising: a drive's
     minutes of steps are kept. A trial raises, so that it is marked failed."""
     started = time.monotonic()
-    by_rate: dict[float, Measured] = {}  # the step that stands for each rate: the latest served
+    by_rate: dict[float, list[Measured]] = {}  # every step served at each rate, in order
     served: list[Measured] = []  # every step served, in order
     searches: dict[str, CapacitySearch] = {}
     interrupted = False
@@ -508,39 +508,51 @@ def search_capacity(
 
 def _search_tiers(
     measure: Callable[..., Measured], plan: CapacityPlan, incumbents: Mapping[str, float], prune: bool,
-    said: Callable[[str, Measured, str], None] | None, by_rate: dict[float, Measured], served: list[Measured],
-    searches: dict[str, CapacitySearch],
+    said: Callable[[str, Measured, str], None] | None, by_rate: dict[float, list[Measured]],
+    served: list[Measured], searches: dict[str, CapacitySearch],
 ) -> None:  # fmt: skip
-    """``search_capacity``'s loop, filling ``by_rate`` and ``searches`` (one per tier, in order) as it goes."""
+    """``search_capacity``'s loop, filling ``by_rate`` and ``searches`` (one per tier, in order) as it goes.
+
+    A tier reads every step served at a rate that it has not read yet, in the order served: a step a
+    look passed early and the same rate served whole to confirm it are both the looser tier's too. Read
+    only the latest, a looser tier lost the early pass a stricter one's claim stood on, and could claim
+    less than the stricter tier from the same servings (reports/gpu-h100/study-1/block16/NOTES.md)."""
     order = list(plan.scored) + [t for t in plan.tiers if t not in plan.scored]
     for tier in order:
         if tier not in plan.scored:
             continue  # only the scored tiers are searched: an unscored tier's steps would cost boots' time
         slo = plan.tiers[tier]
         search = searches[tier] = plan.search(incumbents.get(tier), prune)
+        read: dict[float, int] = {}  # how many of each rate's steps this tier has read
         while (rate := search.next_rate()) is not None:
             key = round(rate, 6)
+            kept = by_rate.setdefault(key, [])
             # a step to serve whole (a claim's confirmation) is served again, unless one served whole
             # stands for the rate already
-            fresh = key not in by_rate or (search.whole and not by_rate[key].held)
+            fresh = not kept or (search.whole and not any(m.held for m in kept))
             if fresh:
-                by_rate[key] = measure(rate, hold=True) if search.whole else measure(rate)
-                served.append(by_rate[key])
-            m = by_rate[key]
-            step = judge_served(m, slo, plan, rate)
-            search.record(step, measured=fresh)
-            if said is not None:
-                why = f": {step.cut_reason}" if step.cut_reason else ""
-                cut = f" (cut at {step.cut_s:.0f} s{why})" if step.cut_s is not None else ""
-                interval = (
-                    f" [{step.attainment_low:.0%}, {step.attainment_high:.0%}]"
-                    if step.attainment_low is not None
-                    else ""
-                )
-                extra = "".join((
-                    ", served whole to confirm the claim" if search.confirming else "",
-                    ", served whole" if search.whole and not search.confirming else "",
-                    ", queue growing" if step.queue_growing else "",
-                    f", {step.replayed} replayed" if step.replayed else "",
-                ))  # fmt: skip
-                said(tier, m, f"{step.attainment:.0%}{interval} {step.verdict}{cut}{extra}")
+                kept.append(measure(rate, hold=True) if search.whole else measure(rate))
+                served.append(kept[-1])
+            for m in kept[read.get(key, 0) :]:
+                latest = m is kept[-1]
+                step = judge_served(m, slo, plan, rate)
+                search.record(step, measured=fresh and latest)
+                if said is not None:
+                    said(tier, m, _said_step(step, search, latest))
+            read[key] = len(kept)
+
+
+def _said_step(step: Step, search: CapacitySearch, latest: bool) -> str:
+    """How the search log says a tier judged a step; ``latest``: the step this proposal served or read
+    last (an earlier one at the rate is one a look passed early, read again by a looser tier)."""
+    why = f": {step.cut_reason}" if step.cut_reason else ""
+    cut = f" (cut at {step.cut_s:.0f} s{why})" if step.cut_s is not None else ""
+    interval = f" [{step.attainment_low:.0%}, {step.attainment_high:.0%}]" if step.attainment_low is not None else ""
+    extra = "".join((
+        ", served whole to confirm the claim" if latest and search.confirming else "",
+        ", served whole" if latest and search.whole and not search.confirming else "",
+        ", passed early by a look" if not latest else "",
+        ", queue growing" if step.queue_growing else "",
+        f", {step.replayed} replayed" if step.replayed else "",
+    ))  # fmt: skip
+    return f"{step.attainment:.0%}{interval} {step.verdict}{cut}{extra}"

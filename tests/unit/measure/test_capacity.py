@@ -674,6 +674,21 @@ def test_a_confirmation_is_served_past_max_steps() -> None:
     assert result.capacity_req_s == 2.0 and result.at_capacity() is not None and result.at_capacity().held  # type: ignore[union-attr]
 
 
+def test_a_whole_step_read_after_another_tier_s_early_pass_that_refutes_it_serves_the_rest_whole() -> None:
+    """A looser tier reads both steps a stricter tier's confirmation left at a rate, the early pass and
+    the whole serving (``tuner.measure.rate_steps``); a whole serving that refutes the early pass there
+    misleads it as its own confirmation would, and one that upholds it does not."""
+    for whole, misled in ((0.5, True), (1.0, False)):
+        search = CapacitySearch(start_rate=1.0)
+        rate = search.next_rate()
+        assert rate is not None
+        search.record(replace(judged_step(rate, 1.0, search.target), held=False), measured=False)
+        search.record(judged_step(rate, whole, search.target), measured=False)
+        assert not search.confirming and search.misled is misled
+        search.next_rate()
+        assert search.whole is misled, "the next step is served whole once looks have misled the search"
+
+
 def test_a_caller_that_cannot_serve_a_step_whole_is_asked_once() -> None:
     search = CapacitySearch(start_rate=1.0, max_steps=3)
     while (rate := search.next_rate()) is not None:

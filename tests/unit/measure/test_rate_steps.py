@@ -444,6 +444,38 @@ def test_a_claim_passed_at_a_look_is_served_again_whole_and_both_steps_are_kept(
     assert any("served whole to confirm the claim" in line for line in said), said
 
 
+def test_a_looser_tier_reads_the_early_pass_a_stricter_tier_s_claim_stood_on() -> None:
+    """The H100 study's SGLang defaults (block 16): the interactive tier claimed a rate a look passed
+    early and the same rate served whole upheld (undecided, at or above the target); the relaxed tier
+    read only the whole serving, undecided, and claimed a rung less from the same steps. Every tier
+    now reads both, so the looser tier claims at least what the stricter one does."""
+    calls: list[tuple[float, bool]] = []
+
+    def measure(rate: float, hold: bool = False) -> Measured:
+        calls.append((rate, hold))
+        if rate > 6.0:  # too much for either tier
+            return replace(_measured_at(rate, 0.0, 0.0), held=True)
+        m = _measured_at(rate, knee_strict=100.0, knee_relaxed=100.0)
+        if rate <= 4.0 or not hold:
+            return replace(m, held=hold or rate <= 4.0)  # up to 4 req/s every step holds; above, a look passes it
+        # served whole above 4 req/s: one request in thirteen misses both tiers' TTFT bound
+        rows = [{**r, "first_s": r["sent_s"] + 3.0} if i % 13 == 6 else r for i, r in enumerate(m.rows)]
+        return replace(m, rows=rows, held=True)
+
+    plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.5)
+    out = search_capacity(measure, plan)
+    interactive, relaxed = out.results["interactive"], out.results["relaxed"]
+    whole = [m for m in out.measured if m.held and 4.0 < m.rate_req_s <= 6.0]
+    assert len(whole) == 1, "one rate above 4 req/s was confirmed, served whole"
+    for slo in (STRICT, RELAXED):
+        judged = judge_served(whole[0], slo, plan)
+        assert not judged.passed and judged.attainment >= plan.target, "undecided, leaning to a pass"
+    assert interactive.capacity_req_s == whole[0].rate_req_s, "the early pass, upheld by the whole step"
+    assert relaxed.capacity_req_s >= interactive.capacity_req_s
+    assert [s.held for s in relaxed.steps if s.rate_req_s == whole[0].rate_req_s] == [False, True]
+    assert len(calls) == len(set(calls)), "no rate served again for the looser tier"
+
+
 def test_a_step_a_look_stopped_is_judged_over_the_look_s_window_not_the_steady_one() -> None:
     """A look decided the step at 6 s and stopped it: the requests sent in its last second were still
     running, unfinished. ``judge_served`` (the search's judgement, and the benchmarks' fixed ladders')
