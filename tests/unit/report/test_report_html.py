@@ -366,18 +366,18 @@ def test_the_importance_ranking_says_what_it_rests_on() -> None:
 
 
 def test_the_pages_finalists_section_shows_the_repeats_under_way_not_that_none_ran(tmp_path: Path) -> None:
-    """The H100 study's file after block 16: three repeats of vLLM's defaults stored, one withdrawn,
-    three of SGLang's and one of trial 8; no verdict. The page's section said "no finalist repeats were
-    run" until session 48."""
+    """The H100 study's file after block 16 and session 52's withdrawals: three repeats of vLLM's
+    defaults stored, one withdrawn, one of SGLang's, two withdrawn, and one of trial 8; no verdict.
+    The page's section said "no finalist repeats were run" until session 48."""
     from tests.unit.study_files import H100_STUDY
 
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
     _, ours = _page(study, tmp_path)
     section = _section(ours, "best-vs-default")
-    assert "no verdict yet: the finalists&#x27; repeats are under way (7 stored, 1 withdrawn)" in section
+    assert "no verdict yet: the finalists&#x27; repeats are under way (5 stored, 3 withdrawn)" in section
     row = "<td>trial 0 (vllm defaults)</td><td>so far 6.65, 6.34, 6.98: 6.66 [5.91, 7.83] (3 runs, 1 withdrawn)</td>"
     assert row in section
-    sglang = "<td>trial 6 (sglang defaults)</td><td>so far 6.65, 6.98, 6.98: 6.87 [6.41, 7.91] (3 runs)</td>"
+    sglang = "<td>trial 6 (sglang defaults)</td><td>so far 6.65 (1 run, 2 withdrawn)</td>"
     assert sglang in section
     assert "<td>so far 6.05 (1 run)</td><td>so far 7.25 (1 run)</td>" in section, "trial 8's first repeat"
     assert "no finalist repeats" not in section
@@ -396,8 +396,7 @@ def test_summary_holds_the_finalists_repeats_so_far_and_then_their_intervals_and
         "| trial | config | capacity_interactive_req_s | capacity_relaxed_req_s |", "|---|---|---|---|",
         "| 0 | vllm defaults | so far 6.65, 6.34, 6.98: 6.66 [5.91, 7.83] (3 runs, 1 withdrawn) "
         "| so far 6.92, 7.25, 6.92: 7.03 [6.56, 7.77] (3 runs, 1 withdrawn) |",
-        "| 6 | sglang defaults | so far 6.65, 6.98, 6.98: 6.87 [6.41, 7.91] (3 runs) "
-        "| so far 6.65, 6.65, 6.65: 6.65 [6.65, 6.98] (3 runs) |",
+        "| 6 | sglang defaults | so far 6.65 (1 run, 2 withdrawn) | so far 6.65 (1 run, 2 withdrawn) |",
         "| 8 | sglang tuned | so far 6.05 (1 run) | so far 7.25 (1 run) |",
     ]  # fmt: skip
     empty = optuna.create_study(study_name="none", storage=f"sqlite:///{tmp_path / 'none.db'}")

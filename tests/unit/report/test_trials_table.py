@@ -105,9 +105,9 @@ def test_a_pruned_tier_shows_the_bracket_below_which_nothing_passed() -> None:
 
 
 def test_the_finalists_repeats_so_far_and_a_withdrawn_one_show_while_the_stage_spans_leases() -> None:
-    """The H100 study's file after block 16: vLLM's defaults (trial 0) have three repeats stored and
-    one withdrawn, SGLang's (trial 6) three, trial 8 one, and no verdict yet
-    (reports/gpu-h100/study-1/block16/NOTES.md)."""
+    """The H100 study's file after block 16 and session 52's withdrawals: vLLM's defaults (trial 0) have
+    three repeats stored and one withdrawn, SGLang's (trial 6) one and two withdrawn, trial 8 one, and
+    no verdict yet (reports/gpu-h100/study-1/block16/NOTES.md)."""
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
     table = trials_table(study)
     cell = "so far 6.65, 6.34, 6.98: 6.66 [5.91, 7.83] (3 runs, 1 withdrawn)"
@@ -116,10 +116,15 @@ def test_the_finalists_repeats_so_far_and_a_withdrawn_one_show_while_the_stage_s
     assert repeats_cell(None, "m", two, 0) == "so far 6.65, 6.34 (2 runs)", "two runs give no interval"
     failed = [*two, {"repeat": 3, "failure": "oom", "metrics": {}}]
     assert repeats_cell(None, "m", failed, 0) == "so far 6.65, 6.34 (3 runs, 1 failed)", "nor two served of three"
-    assert "so far 6.65, 6.98, 6.98: 6.87 [6.41, 7.91] (3 runs)" in " ".join(_row(table, 6)), "SGLang's defaults: done"
+    assert "so far 6.65 (1 run, 2 withdrawn)" in " ".join(_row(table, 6)), "SGLang's defaults: two to run again"
     assert "so far 6.05 (1 run)" in " ".join(_row(table, 8)), "trial 8: one repeat, no interval"
     withdrawn = [line for line in table.splitlines() if line.startswith("trial 0: repeat 2 withdrawn (")]
     assert len(withdrawn) == 1 and "max_steps at 5.33" in withdrawn[0]
+    again = [line for line in table.splitlines() if line.startswith("trial 6: repeat ")]
+    assert [line[: len("trial 6: repeat 3 withdrawn")] for line in again] == [
+        "trial 6: repeat 3 withdrawn",
+        "trial 6: repeat 2 withdrawn",
+    ] and all("claims 6.98 from the same servings" in line for line in again)
 
 
 def test_the_reports_launch_sentence_says_the_repeats_are_under_way() -> None:
@@ -127,7 +132,7 @@ def test_the_reports_launch_sentence_says_the_repeats_are_under_way() -> None:
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///file:{H100_STUDY}?mode=ro&uri=true")
     sentence, shown = launch_choice(study)
     assert sentence == (
-        "no verdict yet: the finalists' repeats are under way (7 stored, 1 withdrawn): "
+        "no verdict yet: the finalists' repeats are under way (5 stored, 3 withdrawn): "
         "trial 8 is the best feasible trial"
     )
     assert [t.number for t in shown] == [8]

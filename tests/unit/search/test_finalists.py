@@ -184,9 +184,10 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     of both tiers (trial 8), three fresh boots each at its recorded config, each started at its own
     capacities, the stress check on the third. Blocks 12 and 14 stored the vLLM default's three repeats
     (and the stress check; a second was withdrawn: block12/NOTES.md), blocks 15 and 16 SGLang's
-    defaults' three (and the stress check) and trial 8's first, so the stage goes on from trial 8's
-    second; a lease that ends after one boot leaves it stored, and the next block boots only the one
-    missing."""
+    defaults' three (and the stress check) and trial 8's first; SGLang's defaults' repeats 2 and 3 were
+    withdrawn in session 52 (their relaxed tier read one step of two at its claim: the RUNBOOK,
+    "Retaken in session 52"), so the stage goes on from trial 6's second, whose stress check stands;
+    a lease that ends after one boot leaves it stored, and the next block boots only those missing."""
     copy = tmp_path / "study.db"
     copy.write_bytes(H100_STUDY.read_bytes())
     study = optuna.load_study(study_name="rag-h100-study-1", storage=f"sqlite:///{copy}")
@@ -216,15 +217,16 @@ def test_the_h100_studys_finalists_run_as_its_blocks_will_and_resume_across_a_le
     monkeypatch.setattr(finalists, "run_trial", run)
     with pytest.raises(KeyboardInterrupt):
         finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(8, 2, False)]
+    assert booted == [(6, 2, False)]
     stored = study.user_attrs["finalist_runs"]
-    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 3, "8": 2}
+    assert {n: len(runs) for n, runs in stored.items()} == {"0": 3, "6": 2, "8": 1}
     assert sorted(study.user_attrs["stress"]) == ["0", "6"]
-    assert [r["repeat"] for r in stored["0"]] == [1, 2, 3] and [r["repeat"] for r in stored["6"]] == [1, 2, 3]
+    assert [r["repeat"] for r in stored["0"]] == [1, 2, 3] and [r["repeat"] for r in stored["6"]] == [1, 2]
+    assert [r["repeat"] for r in study.user_attrs["finalist_runs_withdrawn"]["6"]] == [3, 2]
     lease_ends_after[0] = None
     booted.clear()
     verdict = finalists.run_finalists(study, k=1, n=3, ctx=ctx, enforce_eager=False, stress=True)
-    assert booted == [(8, 3, True)]
+    assert booted == [(6, 3, False), (8, 2, False), (8, 3, True)]
     assert [f["trial"] for f in study.user_attrs["finalists"]] == [0, 6, 8]
     assert sorted(study.user_attrs["stress"]) == ["0", "6", "8"] and verdict["stress_failed"] == []
     assert set(verdict["by_metric"]) == {"capacity_interactive_req_s", "capacity_relaxed_req_s"}
