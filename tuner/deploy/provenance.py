@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.study.attrs import capacity_uncertainty
-from tuner.study.verdict import TOO_FEW_RUNS
+from tuner.study.figures import number
+from tuner.study.verdict import TOO_FEW_RUNS, describe_verdict
 
 __all__ = ["provenance"]
 
@@ -65,24 +66,24 @@ def _cost_lines(m: dict[str, Any]) -> list[str]:
 
 
 def _measured(key: str, value: float, ci: dict[str, Any] | None) -> str:
-    within = f" [95% CI {ci['low']:.1f}-{ci['high']:.1f}]" if ci else ""
-    return f"{key}={value:.1f}{within}"
+    within = f" [95% CI {number(ci['low'])}-{number(ci['high'])}]" if ci else ""
+    return f"{key}={number(value)}{within}"
 
 
 def _repeat_lines(m: dict[str, Any]) -> list[str]:
-    """The finalist repeats' means and 95 % intervals, and the verdict, when the study has them."""
+    """The finalist repeats' means and 95 % intervals, and the verdict on every metric it was reached
+    on (a capacity-pareto study's, one per tier), when the study has them."""
     lines = []
     for metric, s in ((m.get("repeats") or {}).get("stats") or {}).items():
-        within = TOO_FEW_RUNS if s.get("low") is None else f"95% CI [{s['low']:.1f}, {s['high']:.1f}]"
-        lines.append(f"# repeats {metric}: mean {s['mean']:.1f}, {within}, n={s['n']}")
+        within = TOO_FEW_RUNS if s.get("low") is None else f"95% CI [{number(s['low'])}, {number(s['high'])}]"
+        lines.append(f"# repeats {metric}: mean {number(s['mean'])}, {within}, n={s['n']}")
     stress = m.get("stress")
     if stress and stress.get("ran"):
         ttft = stress.get("ttft_p95_ms")
-        seen = f"TTFT p95 {ttft:.1f} ms" if isinstance(ttft, int | float) else "no request served"
+        seen = f"TTFT p95 {number(ttft)} ms" if isinstance(ttft, int | float) else "no request served"
         lines.append(f"# stress check: {stress['prompt_tokens']} prompt tokens x concurrency {stress['concurrency']}, "
                      f"cold cache: {seen}, {_oneline(stress.get('failure') or 'passed')}")  # fmt: skip
     verdict = m.get("verdict")
     if verdict:
-        trials = ", ".join(str(t) for t in verdict["trials"])
-        lines.append(f"# verdict: {_oneline(verdict['kind'])} on {_oneline(verdict['metric'])}: trials {trials}")
+        lines.append(f"# {_oneline(describe_verdict(verdict))}")
     return lines

@@ -17,10 +17,11 @@ from typing import Any
 
 import optuna
 
-from tuner.report.describe import engine_of, number, params_list, params_text, trial_name
+from tuner.report.describe import engine_of, params_list, params_text, trial_name
 from tuner.report.plots import Curve, RateStep, capacity_figure
 from tuner.study.attrs import capacity_uncertainty, is_default, study_attrs_of, trial_attrs
 from tuner.study.cost import cost_text
+from tuner.study.figures import number
 from tuner.study.objectives import is_capacity
 
 Trial = optuna.trial.FrozenTrial

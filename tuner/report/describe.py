@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 
 from tuner.study.attrs import is_default, trial_attrs
+from tuner.study.figures import number
 from tuner.study.verdict import TOO_FEW_RUNS
 
 ADDRESS_FLAGS = ("--host", "--port")
@@ -30,11 +31,6 @@ def params_list(trial: optuna.trial.FrozenTrial) -> list[str]:
 
 def params_text(trial: optuna.trial.FrozenTrial) -> str:
     return " ".join(params_list(trial))
-
-
-def number(value: float) -> str:
-    """A measured figure: three significant digits, whole numbers from 100 up."""
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def mean_interval(stats: Mapping[str, Any]) -> str:

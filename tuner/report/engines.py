@@ -25,10 +25,11 @@ from dataclasses import dataclass
 import optuna
 
 from tuner.report.capacity import bracket_top, capacity_cell, tier_capacity, tiers
-from tuner.report.describe import engine_of, mean_interval, number
+from tuner.report.describe import engine_of, mean_interval
 from tuner.study.attrs import is_default, study_attrs_of, trial_attrs
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto, feasible_trials
+from tuner.study.figures import number
 from tuner.study.verdict import intervals_overlap
 
 Trial = optuna.trial.FrozenTrial

@@ -37,7 +37,6 @@ from tuner.report.describe import (
     engines_text,
     launch_command,
     mean_interval,
-    number,
     params_list,
     params_text,
 )
@@ -59,6 +58,7 @@ from tuner.study.attrs import (
 )
 from tuner.study.cost import cost_text
 from tuner.study.feasible import feasible_pareto
+from tuner.study.figures import number
 from tuner.study.objectives import objective_named
 from tuner.study.verdict import describe_verdict, verdicts_by_metric
 

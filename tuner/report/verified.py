@@ -19,8 +19,8 @@ from typing import Any
 import optuna
 
 from tuner.report.capacity import is_capacity_study
-from tuner.report.describe import number
 from tuner.study.attrs import study_attrs_of
+from tuner.study.figures import number
 
 NOT_RUN = "No tier's winner was checked by its engine's own client (tuner search --verify)."
 

@@ -5,10 +5,10 @@
 # hardware: NVIDIA H200
 # model: /models/target
 # workload: rag  digest: eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee
-# measured: ttft_p95_ms=120.0 [95% CI 111.0-131.5]  output_throughput_tok_s=75.0 [95% CI 70.2-79.9]
-# repeats output_throughput_tok_s: mean 74.1, 95% CI [71.0, 77.2], n=5
-# stress check: 996 prompt tokens x concurrency 4, cold cache: TTFT p95 250.4 ms, passed
-# verdict: winner on goodput_req_s: trials 0
+# measured: ttft_p95_ms=120 [95% CI 111-132]  output_throughput_tok_s=75 [95% CI 70.2-79.9]
+# repeats output_throughput_tok_s: mean 74.1, 95% CI [71, 77.2], n=5
+# stress check: 996 prompt tokens x concurrency 4, cold cache: TTFT p95 250 ms, passed
+# verdict: trial 0 wins on goodput_req_s (its 95 % interval clears the runner-up's)
 # Override the interpreter with ENGINE_PYTHON, the address with HOST and PORT.
 set -euo pipefail
 ENGINE_PYTHON=${ENGINE_PYTHON:-/envs/sglang/bin/python}

@@ -186,7 +186,26 @@ def test_too_few_runs_read_as_such_in_the_trials_table_and_the_launch_files() ->
                                        "stats": {"output_throughput_tok_s": short}}])  # fmt: skip
     assert "51 (too few runs for an interval) n=2" in trials_table(study)
     lines = _repeat_lines({"repeats": {"stats": {"output_throughput_tok_s": short}}})
-    assert lines == ["# repeats output_throughput_tok_s: mean 51.0, too few runs for an interval, n=2"]
+    assert lines == ["# repeats output_throughput_tok_s: mean 51, too few runs for an interval, n=2"]
+
+
+def test_a_launch_file_says_the_verdict_of_every_tier_with_figures_as_the_report_writes_them() -> None:
+    """A capacity-pareto study's verdict is one per tier (``by_metric``); the launch file said the
+    first tier's alone, so a relaxed tier's winner read as if only the interactive verdict existed,
+    and its repeats' capacities to one decimal (6.65 and 6.98 req/s, a rung apart, as 6.7 and 7.0)."""
+    stats = {"capacity_relaxed_req_s": {"n": 3, "mean": 6.65, "low": 6.65, "high": 6.98}}
+    verdict = {"kind": "winner", "metric": "capacity_interactive_req_s", "trials": [8],
+               "by_metric": {"capacity_interactive_req_s": {"kind": "winner", "metric": "capacity_interactive_req_s",
+                                                             "trials": [8]},
+                             "capacity_relaxed_req_s": {"kind": "tie", "metric": "capacity_relaxed_req_s",
+                                                        "trials": [0, 6]}},
+               "stress_failed": []}  # fmt: skip
+    lines = _repeat_lines({"repeats": {"stats": stats}, "verdict": verdict})
+    assert lines[0] == "# repeats capacity_relaxed_req_s: mean 6.65, 95% CI [6.65, 6.98], n=3"
+    assert lines[1] == (
+        "# verdict: trial 8 wins on capacity_interactive_req_s (its 95 % interval clears the runner-up's); "
+        "tie on capacity_relaxed_req_s between trials 0, 6 (their 95 % intervals overlap)"
+    )
 
 
 def test_finalists_are_the_best_feasible_plus_the_engine_default() -> None:
