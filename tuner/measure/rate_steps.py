@@ -544,14 +544,15 @@ def _search_tiers(
 
 def _said_step(step: Step, search: CapacitySearch, latest: bool) -> str:
     """How the search log says a tier judged a step; ``latest``: the step this proposal served or read
-    last (an earlier one at the rate is one a look passed early, read again by a looser tier)."""
+    last (an earlier one at the rate is one a look decided early, read by a later tier beside the
+    rate's whole serving)."""
     why = f": {step.cut_reason}" if step.cut_reason else ""
     cut = f" (cut at {step.cut_s:.0f} s{why})" if step.cut_s is not None else ""
     interval = f" [{step.attainment_low:.0%}, {step.attainment_high:.0%}]" if step.attainment_low is not None else ""
     extra = "".join((
         ", served whole to confirm the claim" if latest and search.confirming else "",
         ", served whole" if latest and search.whole and not search.confirming else "",
-        ", passed early by a look" if not latest else "",
+        ", decided early by a look" if not latest else "",
         ", queue growing" if step.queue_growing else "",
         f", {step.replayed} replayed" if step.replayed else "",
     ))  # fmt: skip

@@ -463,7 +463,8 @@ def test_a_looser_tier_reads_the_early_pass_a_stricter_tier_s_claim_stood_on() -
         return replace(m, rows=rows, held=True)
 
     plan = _plan(scored=("interactive", "relaxed"), start_rate=1.0, resolution=0.5)
-    out = search_capacity(measure, plan)
+    said: list[str] = []
+    out = search_capacity(measure, plan, said=lambda tier, m, verdict: said.append(f"{tier} {m.rate_req_s} {verdict}"))
     interactive, relaxed = out.results["interactive"], out.results["relaxed"]
     whole = [m for m in out.measured if m.held and 4.0 < m.rate_req_s <= 6.0]
     assert len(whole) == 1, "one rate above 4 req/s was confirmed, served whole"
@@ -474,6 +475,8 @@ def test_a_looser_tier_reads_the_early_pass_a_stricter_tier_s_claim_stood_on() -
     assert relaxed.capacity_req_s >= interactive.capacity_req_s
     assert [s.held for s in relaxed.steps if s.rate_req_s == whole[0].rate_req_s] == [False, True]
     assert len(calls) == len(set(calls)), "no rate served again for the looser tier"
+    early = [line for line in said if line.endswith(", decided early by a look")]
+    assert early == [f"relaxed {whole[0].rate_req_s} 100% [91%, 100%] pass, decided early by a look"], said
 
 
 def test_a_step_a_look_stopped_is_judged_over_the_look_s_window_not_the_steady_one() -> None:
