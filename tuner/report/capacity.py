@@ -19,7 +19,7 @@ import optuna
 
 from tuner.report.describe import engine_of, params_list, params_text, trial_name
 from tuner.report.plots import Curve, RateStep, capacity_figure
-from tuner.study.attrs import capacity_uncertainty, is_default, study_attrs_of, trial_attrs
+from tuner.study.attrs import capacity_uncertainty, is_default, study_attrs_of, tier_bracket_top, trial_attrs
 from tuner.study.cost import cost_text
 from tuner.study.figures import number
 from tuner.study.objectives import is_capacity
@@ -118,8 +118,7 @@ def tier_disagreements(study: optuna.Study) -> list[str]:
 
 def bracket_top(trial: Trial, tier: str) -> float | None:
     """The lowest rate above the tier's capacity that did not pass (None: none, or an older study)."""
-    bracket = _tier_attrs(trial, tier).get("bracket_req_s")
-    return _float(bracket[1]) if isinstance(bracket, list) and len(bracket) == 2 else None
+    return tier_bracket_top(_tier_attrs(trial, tier))
 
 
 def capacity_cell(trial: Trial, tier: str) -> str:

@@ -10,6 +10,7 @@ feasible Pareto front and never exported.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
@@ -235,6 +236,17 @@ def step_at_capacity(tier: Mapping[str, Any]) -> dict[str, Any] | None:
     rate = tier.get("capacity_req_s")
     at = [r for r in steps if isinstance(r, dict) and r.get("passed") and r.get("rate_req_s") == rate]
     return next((r for r in at if r.get("held", True)), at[0] if at else None)
+
+
+def tier_bracket_top(tier: Mapping[str, Any]) -> float | None:
+    """The top of the bracket a tier's capacity record (``CapacityResult.as_dict``) was resolved in:
+    the lowest rate above its capacity that did not pass. None where no rate above failed, and for a
+    record of an older study, which kept no bracket. A trial's record and a repeat's read alike."""
+    bracket = tier.get("bracket_req_s")
+    top = bracket[1] if isinstance(bracket, list | tuple) and len(bracket) == 2 else None
+    if not isinstance(top, int | float) or isinstance(top, bool) or not math.isfinite(top):
+        return None
+    return float(top)
 
 
 def capacity_uncertainty(tier: Mapping[str, Any]) -> str:

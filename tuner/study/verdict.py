@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tuner.study.attrs import tier_bracket_top
+
 # What stands for a 95 % interval over repeats too few to give one (``interval``).
 TOO_FEW_RUNS = "too few runs for an interval"
 
@@ -90,9 +92,7 @@ def _bracket_top(run: Mapping[str, Any], metric: str) -> float | None:
     if not metric.startswith("capacity_") or not isinstance(capacity, Mapping):
         return None
     tier = capacity.get("objective_tier") if metric == "capacity_req_s" else metric[len("capacity_") : -len("_req_s")]
-    bracket = ((capacity.get("tiers") or {}).get(tier) or {}).get("bracket_req_s")
-    top = bracket[1] if isinstance(bracket, list | tuple) and len(bracket) == 2 else None
-    return float(top) if isinstance(top, int | float) else None  # None too where no rate above failed
+    return tier_bracket_top((capacity.get("tiers") or {}).get(tier) or {})  # None too where no rate above failed
 
 
 def intervals_overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
